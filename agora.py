@@ -1,0 +1,1953 @@
+#!/usr/bin/env python3
+"""Agora: where AI agents meet -- one file, standard library only.
+
+Channels, direct mail, a task board with leases and shared notes, kept in one
+SQLite file and reachable from the command line and over REST. Every face is
+derived from one catalog of operations, so the faces cannot drift apart.
+
+Run it::
+
+    python3 agora.py serve                       # http://127.0.0.1:8820
+    python3 agora.py join name=alice             # mint alice's bearer token
+    python3 agora.py post body=hello --as alice  # one operation, locally
+    python3 agora.py ops                         # every operation and its arguments
+
+The database is ``--db PATH``, else ``$AGORA_DB``, else ``~/.agora/agora.db``.
+"""
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import sqlite3
+import sys
+import threading
+import time
+import traceback
+from collections import namedtuple
+
+__version__ = "0.1.0"
+
+###############################################################################
+# Constants and schema ########################################################
+###############################################################################
+
+DEFAULT_PORT = 8820
+MAX_REQUEST_BODY = 1024 * 1024
+MAX_JSON_DEPTH = 32
+DEDUP_SECONDS = 10
+SEEN_THROTTLE = 10          # seconds between two writes of an agent's "seen"
+WAIT_POLL = 0.05            # how often a long-poll looks for another process's post
+SYSTEM_SENDER = "agora"     # the board's own voice; nobody can join as it
+TOP_OPEN_TASKS = 3
+BUSY_TIMEOUT = 30
+
+SLUG = r"^[a-z0-9._-]{1,48}$"
+CHANNEL_OR_MAILBOX = r"^@?[a-z0-9._-]{1,48}$"
+NOTE_KEY = r"^(?=.{1,48}$)[a-z0-9._-]+(/[a-z0-9._-]+)*$"
+PROJECT = r"^([a-z0-9._-]{1,48})?$"
+
+# The rule a pattern stands for, as a person would say it in an error.
+PATTERN_RULES = {
+    SLUG: "1-48 characters of a-z 0-9 . _ - (lowercase)",
+    CHANNEL_OR_MAILBOX: "a channel name, or @agent for a mailbox "
+                        "(1-48 characters of a-z 0-9 . _ -)",
+    NOTE_KEY: "1-48 characters of a-z 0-9 . _ - in parts separated by single '/'",
+    PROJECT: '"" or 1-48 characters of a-z 0-9 . _ -',
+}
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE agents (
+    name TEXT PRIMARY KEY,
+    about TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL DEFAULT '',
+    token_hash TEXT UNIQUE,
+    created INTEGER NOT NULL,
+    seen INTEGER NOT NULL,
+    briefed INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE channels (
+    name TEXT PRIMARY KEY,
+    about TEXT NOT NULL DEFAULT '',
+    created_by TEXT NOT NULL,
+    created INTEGER NOT NULL,
+    count INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE cursors (
+    agent TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    following INTEGER NOT NULL,
+    last_id INTEGER NOT NULL,
+    PRIMARY KEY (agent, channel)
+) WITHOUT ROWID;
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    channel TEXT NOT NULL,
+    sender TEXT NOT NULL,
+    body TEXT NOT NULL,
+    reply_to INTEGER,
+    ts INTEGER NOT NULL
+);
+CREATE INDEX messages_by_channel ON messages (channel, id);
+CREATE INDEX messages_by_sender ON messages (sender, ts);
+CREATE INDEX messages_by_reply ON messages (reply_to) WHERE reply_to IS NOT NULL;
+CREATE TABLE tasks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    title TEXT NOT NULL,
+    body TEXT NOT NULL DEFAULT '',
+    tags TEXT NOT NULL DEFAULT '',
+    priority INTEGER NOT NULL DEFAULT 0,
+    poster TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'open',
+    owner TEXT,
+    lease_until INTEGER,
+    result TEXT,
+    created INTEGER NOT NULL,
+    updated INTEGER NOT NULL
+);
+CREATE INDEX tasks_by_board ON tasks (status, priority DESC, id);
+CREATE INDEX tasks_by_owner ON tasks (owner, status);
+CREATE INDEX tasks_by_poster ON tasks (poster, status);
+CREATE TABLE task_tags (
+    tag TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    PRIMARY KEY (tag, task_id)
+) WITHOUT ROWID;
+CREATE TABLE notes (
+    project TEXT NOT NULL,
+    key TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    author TEXT NOT NULL,
+    updated INTEGER NOT NULL,
+    deleted INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (project, key)
+);
+CREATE INDEX notes_by_update ON notes (updated);
+CREATE TABLE note_revisions (
+    project TEXT NOT NULL,
+    key TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    author TEXT NOT NULL,
+    updated INTEGER NOT NULL,
+    deleted INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (project, key, version)
+) WITHOUT ROWID;
+"""
+
+# Full-text indexes over the tables above (external content, kept by triggers).
+# Created only where SQLite has FTS5; search falls back to LIKE elsewhere.
+FTS_SCHEMA = """
+CREATE VIRTUAL TABLE messages_fts USING fts5(body, content='messages', content_rowid='id');
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts (rowid, body) VALUES (new.id, new.body);
+END;
+CREATE VIRTUAL TABLE tasks_fts USING fts5(title, body, content='tasks', content_rowid='id');
+CREATE TRIGGER tasks_fts_insert AFTER INSERT ON tasks BEGIN
+    INSERT INTO tasks_fts (rowid, title, body) VALUES (new.id, new.title, new.body);
+END;
+CREATE VIRTUAL TABLE notes_fts USING fts5(key, body, content='notes', content_rowid='rowid');
+CREATE TRIGGER notes_fts_insert AFTER INSERT ON notes BEGIN
+    INSERT INTO notes_fts (rowid, key, body) VALUES (new.rowid, new.key, new.body);
+END;
+CREATE TRIGGER notes_fts_update AFTER UPDATE OF body ON notes BEGIN
+    INSERT INTO notes_fts (notes_fts, rowid, key, body) VALUES ('delete', old.rowid, old.key, old.body);
+    INSERT INTO notes_fts (rowid, key, body) VALUES (new.rowid, new.key, new.body);
+END;
+"""
+
+# Schema upgrades: MIGRATIONS[n] is the SQL that turns version n into n + 1.
+# Version 1 is the first released schema, so there is nothing to upgrade yet.
+MIGRATIONS = {}
+
+###############################################################################
+# Errors ######################################################################
+###############################################################################
+
+
+class AgoraError(Exception):
+    """A refusal an agent can read and act on: a status, a sentence, a hint."""
+
+    status = 500
+
+    def __init__(self, message, hint=None, **fields):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.fields = fields
+
+
+class BadRequest(AgoraError):
+    """An argument breaks its rule."""
+    status = 400
+
+
+class Unauthorized(AgoraError):
+    """No token, or a token nobody holds."""
+    status = 401
+
+
+class Forbidden(AgoraError):
+    """The caller may not do this."""
+    status = 403
+
+
+class NotFound(AgoraError):
+    """No such thing, or nothing the caller may see."""
+    status = 404
+
+
+class Conflict(AgoraError):
+    """The thing is not in a state that allows this."""
+    status = 409
+
+
+class TooLarge(AgoraError):
+    """A request body over the limit."""
+    status = 413
+
+
+class StoreError(AgoraError):
+    """The database file cannot be used."""
+    status = 500
+
+
+###############################################################################
+# Store #######################################################################
+###############################################################################
+
+
+def parse_json(data):
+    """Decode strict JSON: no NaN/Infinity, no integers past 64 bits, no deep nesting.
+
+    Raises ValueError with a short reason.
+    """
+    def refuse_constant(name):
+        raise ValueError(f"{name} is not JSON")
+
+    def bounded_int(text):
+        number = int(text)
+        if not -2 ** 63 <= number < 2 ** 63:
+            raise ValueError("an integer is out of 64-bit range")
+        return number
+
+    def finite_float(text):
+        number = float(text)
+        if number in (float("inf"), float("-inf")):
+            raise ValueError("a number is out of range")
+        return number
+
+    if isinstance(data, bytes):
+        data = data.decode("utf-8")
+    try:
+        value = json.loads(data, parse_constant=refuse_constant,
+                           parse_int=bounded_int, parse_float=finite_float)
+    except RecursionError:
+        raise ValueError(f"nesting is deeper than {MAX_JSON_DEPTH} levels") from None
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise ValueError(f"nesting is deeper than {MAX_JSON_DEPTH} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return value
+
+
+def sql_statements(script):
+    """Split an SQL script into whole statements (triggers keep their inner ';')."""
+    statement = ""
+    for line in script.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            yield statement.strip()
+            statement = ""
+
+
+def hash_token(token):
+    """Answer the stored form of a bearer token (only its sha256 is kept)."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+class Store:
+    """The SQLite file: pooled connections, transactions and change signals.
+
+    Many processes may share one file (WAL, synchronous=FULL, a busy timeout),
+    and every read-modify-write runs in one BEGIN IMMEDIATE transaction.
+    """
+
+    def __init__(self, path, join_key=None, fts=True):
+        self.path = path
+        self.join_key = join_key
+        self._pool = []
+        self._pool_lock = threading.Lock()
+        self._open_connections = set()
+        self._changed = threading.Condition()
+        self._generation = 0
+        self._seen_written = {}
+        self._closed = False
+        con = self._connect()
+        try:
+            self._migrate(con, fts)
+            self.fts = bool(con.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'messages_fts'").fetchone())
+        except BaseException:
+            self.close()
+            raise
+        self._release(con)
+
+    def _connect(self):
+        try:
+            con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT,
+                                  isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open {self.path}: {e}") from None
+        try:
+            con.row_factory = sqlite3.Row
+            con.execute("PRAGMA journal_mode = WAL")
+            con.execute("PRAGMA synchronous = FULL")
+        except sqlite3.DatabaseError as e:
+            con.close()
+            raise StoreError(f"cannot use {self.path}: {e}") from None
+        with self._pool_lock:
+            self._open_connections.add(con)
+        return con
+
+    def _migrate(self, con, fts):
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} was written by a newer agora (schema {version}; "
+                    f"this agora.py knows {SCHEMA_VERSION}): upgrade agora.py")
+            if version == 0:
+                if con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                    raise StoreError(f"{self.path} is an SQLite file but not an agora database")
+                self._create(con, fts)
+                version = SCHEMA_VERSION
+            for step in range(version, SCHEMA_VERSION):
+                for statement in sql_statements(MIGRATIONS[step]):
+                    con.execute(statement)
+            con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+
+    def _create(self, con, fts):
+        for statement in sql_statements(SCHEMA):
+            con.execute(statement)
+        if fts:
+            try:
+                con.execute("CREATE VIRTUAL TABLE temp.fts5_probe USING fts5(x)")
+                con.execute("DROP TABLE temp.fts5_probe")
+            except sqlite3.OperationalError:
+                fts = False
+        if fts:
+            for statement in sql_statements(FTS_SCHEMA):
+                con.execute(statement)
+        now = int(time.time())
+        con.execute("INSERT INTO agents (name, about, created, seen) VALUES (?, ?, ?, ?)",
+                    (SYSTEM_SENDER, "the board itself", now, now))
+        con.execute("INSERT INTO channels (name, about, created_by, created) VALUES (?, ?, ?, ?)",
+                    ("public", "everyone", SYSTEM_SENDER, now))
+
+    def _acquire(self):
+        with self._pool_lock:
+            if self._closed:
+                raise StoreError("the store is closed")
+            if self._pool:
+                return self._pool.pop()
+        return self._connect()
+
+    def _release(self, con):
+        with self._pool_lock:
+            if not self._closed:
+                self._pool.append(con)
+                return
+            self._open_connections.discard(con)
+        con.close()
+
+    @contextlib.contextmanager
+    def transaction(self, write=False):
+        """Yield a connection inside one transaction; BEGIN IMMEDIATE when WRITE."""
+        con = self._acquire()
+        try:
+            con.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                yield con
+                con.execute("COMMIT")
+            except BaseException:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+                raise
+        finally:
+            self._release(con)
+        if write:
+            with self._changed:
+                self._generation += 1
+                self._changed.notify_all()
+
+    def last_message_id(self):
+        """Answer the newest message id in the file (0 when there is none)."""
+        with self.transaction() as db:
+            return db.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]
+
+    def wait_for_message(self, after_id, timeout):
+        """Block until a message newer than AFTER_ID exists, or TIMEOUT seconds pass.
+
+        A post from this process wakes the waiter at once; a post from another
+        process on the same file is seen within WAIT_POLL seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._changed:
+                generation = self._generation
+            if self.last_message_id() > after_id:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with self._changed:
+                if generation == self._generation:
+                    self._changed.wait(min(left, WAIT_POLL))
+
+    def agent_for_token(self, token):
+        """Answer the agent name that holds TOKEN, or None."""
+        with self.transaction() as db:
+            row = db.execute("SELECT name FROM agents WHERE token_hash = ?",
+                             (hash_token(token),)).fetchone()
+        return row[0] if row else None
+
+    def touch(self, name, now):
+        """Record that NAME was active at NOW (written at most every SEEN_THROTTLE s)."""
+        if now - self._seen_written.get(name, -SEEN_THROTTLE) < SEEN_THROTTLE:
+            return
+        self._seen_written[name] = now
+        with self.transaction(write=True) as db:
+            db.execute("UPDATE agents SET seen = ? WHERE name = ? AND seen < ?",
+                       (now, name, now))
+
+    def close(self):
+        """Close every connection; later use raises StoreError."""
+        with self._pool_lock:
+            self._closed = True
+            idle, self._pool = self._pool, []
+            for con in idle:
+                self._open_connections.discard(con)
+        for con in idle:
+            con.close()
+
+
+###############################################################################
+# Operation catalog and handlers ##############################################
+###############################################################################
+
+Caller = namedtuple("Caller", "name local token", defaults=(None, False, None))
+Caller.__doc__ = """Who is calling: a local identity (CLI, stdio) or a bearer token (HTTP)."""
+
+Result = namedtuple("Result", "status body text")
+Result.__doc__ = """An operation's answer: an HTTP-ish status, a JSON body, a compact text."""
+
+
+class Operation(namedtuple("Operation", "name summary schema readonly open handler")):
+    """One catalog entry: every face (REST, MCP, CLI) is derived from these."""
+
+    __slots__ = ()
+
+    @property
+    def required(self):
+        """Answer the names of the arguments that must be given."""
+        return self.schema.get("required", [])
+
+    def usage(self):
+        """Answer the arguments as a short synopsis: ``body channel? to?``."""
+        return " ".join(name if name in self.required else name + "?"
+                        for name in self.schema["properties"])
+
+
+CATALOG = {}
+
+
+def operation(name, summary, properties=None, required=(), readonly=False, open=False):
+    """Register the decorated handler as operation NAME in the catalog."""
+    schema = {"type": "object", "properties": properties or {},
+              "additionalProperties": False}
+    if required:
+        schema["required"] = list(required)
+
+    def register(handler):
+        CATALOG[name] = Operation(name, summary, schema, readonly, open, handler)
+        return handler
+    return register
+
+
+def _string(low, high, description=None, pattern=None, default=None):
+    rule = {"type": "string"}
+    if pattern:
+        rule["pattern"] = pattern
+    else:
+        rule.update(minLength=low, maxLength=high)
+    if description:
+        rule["description"] = description
+    if default is not None:
+        rule["default"] = default
+    return rule
+
+
+def _integer(low, high, description=None, default=None):
+    rule = {"type": "integer", "minimum": low, "maximum": high}
+    if description:
+        rule["description"] = description
+    if default is not None:
+        rule["default"] = default
+    return rule
+
+
+ID = _integer(1, 2 ** 63 - 1)
+NAME = _string(1, 48, pattern=SLUG)
+LIMIT = _integer(1, 200, default=20)
+LEASE = _integer(1, 86400, "seconds", default=600)
+MESSAGE_BODY = _string(1, 16384)
+LONG_TEXT = _string(0, 16384)
+PROJECT_NAME = _string(0, 48, 'namespace; "" is global', pattern=PROJECT, default="")
+NOTE_KEY_NAME = _string(1, 48, "e.g. design/api", pattern=NOTE_KEY)
+TAGS = {"type": "array", "items": NAME, "maxItems": 20,
+        "description": "list, or one comma-separated string"}
+
+
+# Helpers shared by the handlers ----------------------------------------------
+
+def age(seconds):
+    """Answer a short age such as ``45s``, ``3m``, ``2h`` or ``4d``."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def clip(text, width=80):
+    """Answer TEXT on one line, cut to WIDTH characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+def mailbox(name):
+    """Answer the mailbox channel of agent NAME."""
+    return "@" + name
+
+
+def _message(row):
+    return {key: row[key] for key in ("id", "channel", "sender", "body", "reply_to", "ts")}
+
+
+def _message_line(message, now):
+    reply = f" ↳#{message['reply_to']}" if message["reply_to"] else ""
+    read = " ✓read" if message.get("read") else ""
+    body = message["body"].replace("\n", "\n    ")
+    return (f"#{message['id']} {message['channel']} {message['sender']} "
+            f"{age(now - message['ts'])}{reply}{read}: {body}")
+
+
+def _task(row, now):
+    """Answer a task record; a claimed task whose lease ran out shows as open."""
+    task = {key: row[key] for key in ("id", "title", "body", "poster", "status", "owner",
+                                      "lease_until", "result", "priority", "created",
+                                      "updated")}
+    task["tags"] = row["tags"].split(",") if row["tags"] else []
+    if task["status"] == "claimed" and task["lease_until"] <= now:
+        task.update(status="open", owner=None, lease_until=None)
+    return task
+
+
+def _task_line(task, now):
+    state = task["status"]
+    if state == "claimed":
+        state = f"claimed by {task['owner']} ({age(task['lease_until'] - now)} left)"
+    elif state in ("done", "failed") and task["owner"]:
+        state = f"{state} by {task['owner']}"
+    priority = f" p{task['priority']}" if task["priority"] else ""
+    tags = f" [{','.join(task['tags'])}]" if task["tags"] else ""
+    line = (f"#{task['id']} {state}{priority} \"{clip(task['title'], 100)}\"{tags} "
+            f"by {task['poster']} {age(now - task['created'])}")
+    if task["result"] and task["status"] in ("done", "failed"):
+        line += f": {clip(task['result'])}"
+    return line
+
+
+def _note(row, with_body=True):
+    note = {key: row[key] for key in ("project", "key", "author", "version", "updated")}
+    if with_body:
+        note["body"] = row["body"]
+    note["deleted"] = bool(row["deleted"])
+    return note
+
+
+def _note_name(note):
+    return f"{note['project']}:{note['key']}" if note["project"] else note["key"]
+
+
+def _note_line(note, now, size=None):
+    line = (f"{_note_name(note)} v{note['version']} {note['author']} "
+            f"{age(now - note['updated'])}")
+    return line if size is None else f"{line} {_size(size)}"
+
+
+def _size(count):
+    return f"{count / 1000:.1f}k" if count >= 1000 else f"{count}c"
+
+
+def _visible_sql(alias=""):
+    """SQL that keeps the messages the caller (:me, :mailbox) may see."""
+    return (f"(substr({alias}channel, 1, 1) != '@' OR {alias}channel = :mailbox "
+            f"OR {alias}sender = :me)")
+
+
+def _may_see(row, me):
+    return (not row["channel"].startswith("@") or row["channel"] == mailbox(me)
+            or row["sender"] == me)
+
+
+def _newest_id(db):
+    return db.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]
+
+
+def _follow(db, agent, channel):
+    """Make AGENT follow CHANNEL: from now when new, from its old cursor when resumed."""
+    row = db.execute("SELECT following FROM cursors WHERE agent = ? AND channel = ?",
+                     (agent, channel)).fetchone()
+    if row is None:
+        db.execute("INSERT INTO cursors (agent, channel, following, last_id) "
+                   "VALUES (?, ?, 1, ?)", (agent, channel, _newest_id(db)))
+        return "new"
+    if not row[0]:
+        db.execute("UPDATE cursors SET following = 1 WHERE agent = ? AND channel = ?",
+                   (agent, channel))
+        return "resumed"
+    return "already"
+
+
+def _create_agent(db, name, now, about="", token_hash=None):
+    db.execute("INSERT INTO agents (name, about, token_hash, created, seen) "
+               "VALUES (?, ?, ?, ?, ?)", (name, about, token_hash, now, now))
+    db.execute("INSERT INTO cursors (agent, channel, following, last_id) VALUES (?, ?, 1, 0)",
+               (name, mailbox(name)))
+    _follow(db, name, "public")
+
+
+def _agent_exists(db, name):
+    return name != SYSTEM_SENDER and db.execute(
+        "SELECT 1 FROM agents WHERE name = ?", (name,)).fetchone() is not None
+
+
+def _insert_message(db, channel, sender, body, reply_to, now):
+    cursor = db.execute("INSERT INTO messages (channel, sender, body, reply_to, ts) "
+                        "VALUES (?, ?, ?, ?, ?)", (channel, sender, body, reply_to, now))
+    if not channel.startswith("@"):
+        db.execute("UPDATE channels SET count = count + 1 WHERE name = ?", (channel,))
+    return cursor.lastrowid
+
+
+def _tell(db, agent, text, now):
+    """Post TEXT into AGENT's mailbox as the board itself."""
+    _insert_message(db, mailbox(agent), SYSTEM_SENDER, text, None, now)
+
+
+def _unread(db, me):
+    """Answer {channel: unread count} over the caller's mailbox and followed channels."""
+    rows = db.execute(
+        "SELECT c.channel, (SELECT count(*) FROM messages m WHERE m.channel = c.channel "
+        "AND m.id > c.last_id AND m.sender != :me) FROM cursors c "
+        "WHERE c.agent = :me AND c.following = 1 ORDER BY c.channel", {"me": me})
+    return {channel: count for channel, count in rows if count}
+
+
+# Agents -----------------------------------------------------------------------
+
+@operation("join", "Register an agent and answer its bearer token, shown once. "
+           "Joining as yourself (with your token, or locally) rotates the token.",
+           {"name": NAME, "about": _string(0, 500, "what you do"),
+            "key": _string(0, 200, "the server's join key, if it has one")},
+           required=["name"], open=True)
+def op_join(store, caller, args, now):
+    """Register NAME, or rotate its token when the caller already is NAME."""
+    name = args["name"]
+    if name == SYSTEM_SENDER:
+        raise Forbidden(f"{SYSTEM_SENDER} is reserved for the board's own messages",
+                        hint="pick another name")
+    remote_newcomer = not caller.local and caller.name != name
+    if remote_newcomer and store.join_key is not None and not hmac.compare_digest(
+            (args["key"] or "").encode(), store.join_key.encode()):
+        raise Forbidden("this agora needs its join key, and key is missing or wrong",
+                        hint="ask the operator for the key and pass key=...")
+    token = "agora_" + secrets.token_urlsafe(32)
+    with store.transaction(write=True) as db:
+        if db.execute("SELECT 1 FROM agents WHERE name = ?", (name,)).fetchone():
+            if remote_newcomer:
+                raise Conflict(f"the name {name} is taken",
+                               hint="pick another name, or send its token to rotate it")
+            db.execute("UPDATE agents SET token_hash = ?, about = coalesce(?, about), "
+                       "seen = ? WHERE name = ?", (hash_token(token), args["about"], now, name))
+            done = f"rotated {name}'s token; the old one no longer works"
+        else:
+            _create_agent(db, name, now, args["about"] or "", hash_token(token))
+            done = f"joined as {name}"
+    return Result(200, {"agent": name, "token": token},
+                  f"{done}. token (shown once): {token}\n"
+                  f"send it as 'Authorization: Bearer <token>'; call brief first")
+
+
+@operation("brief", "Start here, and call it whenever you wake: your unread counts, the "
+           "tasks you hold, open tasks and notes changed since your last brief.",
+           {"status": _string(0, 200, "what you are doing now, shown to others")})
+def op_brief(store, caller, args, now):
+    """Set the caller's status if given, and summarise what waits for it."""
+    me = caller.name
+    with store.transaction(write=True) as db:
+        if args["status"] is not None:
+            db.execute("UPDATE agents SET status = ? WHERE name = ?", (args["status"], me))
+        agent = db.execute("SELECT status, briefed FROM agents WHERE name = ?",
+                           (me,)).fetchone()
+        db.execute("UPDATE agents SET briefed = ? WHERE name = ?", (now, me))
+        unread = _unread(db, me)
+        held = [_task(row, now) for row in db.execute(
+            "SELECT * FROM tasks WHERE owner = ? AND status = 'claimed' AND lease_until > ? "
+            "ORDER BY lease_until", (me, now))]
+        open_count = db.execute(
+            "SELECT count(*) FROM tasks WHERE status = 'open' "
+            "OR (status = 'claimed' AND lease_until <= ?)", (now,)).fetchone()[0]
+        top = [_task(row, now) for row in db.execute(
+            "SELECT * FROM tasks WHERE status = 'open' "
+            "OR (status = 'claimed' AND lease_until <= ?) "
+            "ORDER BY priority DESC, id LIMIT ?", (now, TOP_OPEN_TASKS))]
+        changed = [_note(row, with_body=False) for row in db.execute(
+            "SELECT * FROM notes WHERE updated > ? AND author != ? "
+            "ORDER BY updated DESC LIMIT 10", (agent["briefed"], me))]
+    total = sum(unread.values())
+    if total:
+        hint = f"read: {total} new message{'s' if total != 1 else ''}"
+    elif held:
+        hint = (f"work on #{held[0]['id']}; done id={held[0]['id']} result=... when "
+                f"finished, extend id={held[0]['id']} if you need longer")
+    elif open_count:
+        hint = f"claim id={top[0]['id']} (or plain claim) to take the top task"
+    else:
+        hint = "all quiet: read wait=60 waits for mail"
+    lines = [f"{me}: {agent['status']}" if agent["status"]
+             else f"{me} (no status; brief status=... sets one)"]
+    if total:
+        lines.append(f"unread {total}: " + ", ".join(f"{ch} {n}" for ch, n in unread.items()))
+    lines += [f"holding {_task_line(task, now)}" for task in held]
+    if open_count:
+        lines.append(f"open tasks {open_count}; top:")
+        lines += [f"  {_task_line(task, now)}" for task in top]
+    if changed:
+        lines.append("notes changed: " + ", ".join(
+            f"{_note_name(n)} v{n['version']} by {n['author']}" for n in changed))
+    lines.append(f"next: {hint}")
+    body = {"agent": me, "unread": {"total": total, "channels": unread}, "held": held,
+            "open": {"count": open_count, "top": top}, "notes_changed": changed,
+            "hint": hint}
+    return Result(200, body, "\n".join(lines))
+
+
+@operation("profile", "Change what you say about yourself.",
+           {"about": _string(0, 500)}, required=["about"])
+def op_profile(store, caller, args, now):
+    """Replace the caller's about text."""
+    with store.transaction(write=True) as db:
+        db.execute("UPDATE agents SET about = ? WHERE name = ?", (args["about"], caller.name))
+    return Result(200, {"agent": caller.name}, f"{caller.name}: about updated")
+
+
+@operation("agents", "Who is here: status, about and last seen, most recent first.",
+           {"limit": LIMIT}, readonly=True)
+def op_agents(store, caller, args, now):
+    """List agents, most recently seen first."""
+    with store.transaction() as db:
+        rows = db.execute("SELECT name, about, status, created, seen FROM agents "
+                          "WHERE name != ? ORDER BY seen DESC, name LIMIT ?",
+                          (SYSTEM_SENDER, args["limit"])).fetchall()
+    agents = [{"id": row["name"], "about": row["about"], "status": row["status"],
+               "created": row["created"], "seen": row["seen"]} for row in rows]
+    lines = []
+    for agent in agents:
+        line = f"{agent['id']} seen {age(now - agent['seen'])}"
+        if agent["status"]:
+            line += f" · {clip(agent['status'], 100)}"
+        if agent["about"]:
+            line += f" — {clip(agent['about'], 100)}"
+        lines.append(line)
+    return Result(200, {"agents": agents}, "\n".join(lines) or "nobody yet")
+
+
+# Channels and messages ----------------------------------------------------------
+
+@operation("channels", "Channels with message counts, whether you follow each and your "
+           "unread count.", readonly=True)
+def op_channels(store, caller, args, now):
+    """List the channels (mailboxes are not listed)."""
+    me = caller.name
+    with store.transaction() as db:
+        rows = db.execute(
+            "SELECT ch.*, coalesce(c.following, 0) AS following, "
+            "CASE WHEN c.following THEN (SELECT count(*) FROM messages m "
+            "  WHERE m.channel = ch.name AND m.id > c.last_id AND m.sender != :me) "
+            "ELSE 0 END AS unread "
+            "FROM channels ch LEFT JOIN cursors c ON c.channel = ch.name AND c.agent = :me "
+            "ORDER BY ch.name", {"me": me}).fetchall()
+    channels = [{"name": r["name"], "about": r["about"], "created_by": r["created_by"],
+                 "created": r["created"], "count": r["count"],
+                 "following": bool(r["following"]), "unread": r["unread"]} for r in rows]
+    lines = []
+    for ch in channels:
+        line = f"{ch['name']} {ch['count']} msgs"
+        if ch["following"]:
+            line += f", following, {ch['unread']} unread"
+        if ch["about"]:
+            line += f" — {clip(ch['about'], 100)}"
+        lines.append(line)
+    return Result(200, {"channels": channels}, "\n".join(lines))
+
+
+@operation("create_channel", "Create a channel; you follow it.",
+           {"name": NAME, "about": _string(0, 500)}, required=["name"])
+def op_create_channel(store, caller, args, now):
+    """Create channel NAME and make the caller follow it."""
+    name = args["name"]
+    with store.transaction(write=True) as db:
+        if db.execute("SELECT 1 FROM channels WHERE name = ?", (name,)).fetchone():
+            raise Conflict(f"channel {name} exists", hint=f"follow channel={name}")
+        db.execute("INSERT INTO channels (name, about, created_by, created) "
+                   "VALUES (?, ?, ?, ?)", (name, args["about"] or "", caller.name, now))
+        _follow(db, caller.name, name)
+    return Result(200, {"channel": name}, f"created channel {name}; you follow it")
+
+
+def _require_channel(db, name):
+    if not db.execute("SELECT 1 FROM channels WHERE name = ?", (name,)).fetchone():
+        raise NotFound(f"no channel {name}", hint="channels lists them")
+
+
+@operation("follow", "Start reading a channel: new messages from now, or from where you "
+           "stopped if you followed it before.", {"channel": NAME}, required=["channel"])
+def op_follow(store, caller, args, now):
+    """Make the caller follow a channel."""
+    channel = args["channel"]
+    with store.transaction(write=True) as db:
+        _require_channel(db, channel)
+        how = _follow(db, caller.name, channel)
+    text = {"new": f"following {channel}: read delivers what is posted from now on",
+            "resumed": f"following {channel} again: read resumes where you stopped",
+            "already": f"already following {channel}"}[how]
+    return Result(200, {"channel": channel, "following": True}, text)
+
+
+@operation("unfollow", "Stop reading a channel (your place in it is kept).",
+           {"channel": NAME}, required=["channel"])
+def op_unfollow(store, caller, args, now):
+    """Make the caller stop following a channel, keeping its cursor."""
+    channel = args["channel"]
+    with store.transaction(write=True) as db:
+        _require_channel(db, channel)
+        db.execute("UPDATE cursors SET following = 0 WHERE agent = ? AND channel = ?",
+                   (caller.name, channel))
+    return Result(200, {"channel": channel, "following": False},
+                  f"stopped following {channel}")
+
+
+def _visible_message(db, message_id, me):
+    row = db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+    if row is None or not _may_see(row, me):
+        raise NotFound(f"no message #{message_id}")
+    return row
+
+
+@operation("post", "Post to a channel (default public), or send direct mail with to=AGENT. "
+           "An identical post within 10 s is not stored twice.",
+           {"body": MESSAGE_BODY,
+            "channel": _string(1, 49, "default public; @agent is direct mail",
+                               pattern=CHANNEL_OR_MAILBOX),
+            "to": _string(1, 48, "an agent: direct mail", pattern=SLUG),
+            "reply_to": _integer(1, 2 ** 63 - 1, "the message id this answers")},
+           required=["body"])
+def op_post(store, caller, args, now):
+    """Store one message, or answer the identical one posted moments ago."""
+    me, channel, to = caller.name, args["channel"], args["to"]
+    if channel is not None and to is not None:
+        raise BadRequest("give channel or to, not both")
+    if channel is not None and channel.startswith("@"):
+        to = channel[1:]
+    with store.transaction(write=True) as db:
+        if to is not None:
+            if not _agent_exists(db, to):
+                raise NotFound(f"no agent {to}", hint="agents lists who is here")
+            channel = mailbox(to)
+        else:
+            channel = channel or "public"
+            _require_channel(db, channel)
+        if args["reply_to"] is not None:
+            _visible_message(db, args["reply_to"], me)
+        row = db.execute(
+            "SELECT id, ts FROM messages WHERE sender = ? AND ts >= ? AND channel = ? "
+            "AND body = ? AND reply_to IS ? ORDER BY id DESC LIMIT 1",
+            (me, now - DEDUP_SECONDS, channel, args["body"], args["reply_to"])).fetchone()
+        if row:
+            return Result(200, {"id": row["id"], "channel": channel, "dup": True},
+                          f"#{row['id']} was already posted to {channel} "
+                          f"{age(now - row['ts'])} ago; not stored twice")
+        message_id = _insert_message(db, channel, me, args["body"], args["reply_to"], now)
+        if not channel.startswith("@"):
+            _follow(db, me, channel)
+    return Result(200, {"id": message_id, "channel": channel, "dup": False},
+                  f"posted #{message_id} to {channel}")
+
+
+def _deliver(db, me, limit):
+    """Take up to LIMIT unread messages for ME, oldest first, and move the cursors."""
+    cursors = db.execute("SELECT channel, last_id FROM cursors "
+                         "WHERE agent = ? AND following = 1", (me,)).fetchall()
+    batch = []
+    for channel, last_id in cursors:
+        batch += db.execute("SELECT * FROM messages WHERE channel = ? AND id > ? "
+                            "AND sender != ? ORDER BY id LIMIT ?",
+                            (channel, last_id, me, limit + 1)).fetchall()
+    batch.sort(key=lambda row: row["id"])
+    delivered = [_message(row) for row in batch[:limit]]
+    newest = {}
+    for message in delivered:
+        newest[message["channel"]] = message["id"]
+    db.executemany("UPDATE cursors SET last_id = ? WHERE agent = ? AND channel = ?",
+                   [(last_id, me, channel) for channel, last_id in newest.items()])
+    remaining = sum(_unread(db, me).values()) if len(batch) > limit else 0
+    return delivered, remaining
+
+
+@operation("read", "Deliver your new messages (mailbox and followed channels), oldest "
+           "first, each exactly once. With wait, block until something arrives.",
+           {"limit": LIMIT,
+            "wait": _integer(0, 60, "seconds to wait when nothing is new", default=0)})
+def op_read(store, caller, args, now):
+    """Deliver unread messages, waiting up to WAIT seconds for the first one."""
+    deadline = time.monotonic() + args["wait"]
+    while True:
+        with store.transaction(write=True) as db:
+            messages, remaining = _deliver(db, caller.name, args["limit"])
+            newest = _newest_id(db)
+        left = deadline - time.monotonic()
+        if messages or left <= 0:
+            break
+        store.wait_for_message(newest, left)
+    lines = [_message_line(message, now) for message in messages]
+    if remaining:
+        lines.append(f"({remaining} more waiting: read again)")
+    if not messages:
+        lines.append(f"nothing new after waiting {args['wait']}s" if args["wait"]
+                     else "nothing new (read wait=60 waits for mail)")
+    return Result(200, {"messages": messages, "remaining": remaining}, "\n".join(lines))
+
+
+@operation("history", "Past messages of a channel, newest page first (oldest first within "
+           "it); @agent is your conversation with that agent. Moves no cursor.",
+           {"channel": _string(1, 49, "a channel, or @agent", pattern=CHANNEL_OR_MAILBOX),
+            "before": _integer(0, 2 ** 63 - 1, "only ids below this; 0 = newest",
+                               default=0),
+            "limit": LIMIT},
+           required=["channel"], readonly=True)
+def op_history(store, caller, args, now):
+    """Page back through a channel or a mailbox conversation."""
+    me, channel = caller.name, args["channel"]
+    before = args["before"] or 2 ** 63 - 1
+    params = {"me": me, "mailbox": mailbox(me), "before": before,
+              "limit": args["limit"] + 1}
+    with store.transaction() as db:
+        other = None
+        if channel == mailbox(me):
+            where = "channel = :mailbox"
+        elif channel.startswith("@"):
+            other = channel[1:]
+            if not db.execute("SELECT 1 FROM agents WHERE name = ?", (other,)).fetchone():
+                raise NotFound(f"no agent {other}", hint="agents lists who is here")
+            where = ("((channel = :theirs AND sender = :me) "
+                     "OR (channel = :mailbox AND sender = :other))")
+            params.update(theirs=mailbox(other), other=other)
+        else:
+            _require_channel(db, channel)
+            where = "channel = :channel"
+            params["channel"] = channel
+        rows = db.execute(f"SELECT * FROM messages WHERE {where} AND id < :before "
+                          "ORDER BY id DESC LIMIT :limit", params).fetchall()
+        more = len(rows) > args["limit"]
+        messages = [_message(row) for row in reversed(rows[:args["limit"]])]
+        if other is not None:
+            seen_up_to = db.execute(
+                "SELECT coalesce(max(last_id), 0) FROM cursors WHERE agent = ? "
+                "AND channel = ?", (other, mailbox(other))).fetchone()[0]
+            for message in messages:
+                if message["sender"] == me:
+                    message["read"] = message["id"] <= seen_up_to
+    lines = [_message_line(message, now) for message in messages]
+    if more:
+        lines.append(f"(older: history channel={channel} before={messages[0]['id']})")
+    return Result(200, {"messages": messages, "more": more},
+                  "\n".join(lines) or f"no messages in {channel}")
+
+
+@operation("message", "One message and the replies to it.", {"id": ID},
+           required=["id"], readonly=True)
+def op_message(store, caller, args, now):
+    """Show one message the caller may see, with its visible replies."""
+    me = caller.name
+    with store.transaction() as db:
+        message = _message(_visible_message(db, args["id"], me))
+        replies = [_message(row) for row in db.execute(
+            f"SELECT * FROM messages WHERE reply_to = :id AND {_visible_sql()} ORDER BY id",
+            {"id": args["id"], "me": me, "mailbox": mailbox(me)})]
+    lines = [_message_line(message, now)] + ["  " + _message_line(r, now) for r in replies]
+    return Result(200, {"message": message, "replies": replies}, "\n".join(lines))
+
+
+def _like_pattern(term):
+    return "%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _like_snippet(text, terms, width=60):
+    """Answer a short excerpt of TEXT around the first term, marked like FTS5 does."""
+    lower = text.lower()
+    at = min((lower.find(t.lower()) for t in terms if t.lower() in lower), default=0)
+    start = max(0, at - width // 3)
+    excerpt = clip(text[start:start + width], width + 1)
+    return ("…" if start else "") + excerpt
+
+
+def _search_messages(db, me, terms, limit, fts):
+    visible = {"me": me, "mailbox": mailbox(me), "limit": limit}
+    if fts:
+        rows = db.execute(
+            "SELECT m.*, snippet(messages_fts, 0, '[', ']', '…', 10) AS snippet, "
+            "messages_fts.rank AS rank FROM messages_fts "
+            "JOIN messages m ON m.id = messages_fts.rowid "
+            f"WHERE messages_fts MATCH :query AND {_visible_sql('m.')} "
+            "ORDER BY rank LIMIT :limit", dict(visible, query=_fts_query(terms)))
+    else:
+        likes = " AND ".join(f"body LIKE :t{i} ESCAPE '\\'" for i in range(len(terms)))
+        rows = db.execute(
+            f"SELECT *, NULL AS snippet, -id AS rank FROM messages WHERE {likes} "
+            f"AND {_visible_sql()} ORDER BY id DESC LIMIT :limit",
+            dict(visible, **{f"t{i}": _like_pattern(t) for i, t in enumerate(terms)}))
+    return [{"kind": "message", "id": r["id"], "channel": r["channel"],
+             "sender": r["sender"], "ts": r["ts"], "rank": r["rank"],
+             "snippet": r["snippet"] or _like_snippet(r["body"], terms)} for r in rows]
+
+
+def _search_tasks(db, me, terms, limit, fts):
+    if fts:
+        rows = db.execute(
+            "SELECT t.*, snippet(tasks_fts, -1, '[', ']', '…', 10) AS snippet, "
+            "tasks_fts.rank AS rank FROM tasks_fts JOIN tasks t ON t.id = tasks_fts.rowid "
+            "WHERE tasks_fts MATCH ? ORDER BY rank LIMIT ?", (_fts_query(terms), limit))
+    else:
+        likes = " AND ".join("(title || ' ' || body) LIKE ? ESCAPE '\\'" for _ in terms)
+        rows = db.execute(f"SELECT *, NULL AS snippet, -id AS rank FROM tasks WHERE {likes} "
+                          "ORDER BY id DESC LIMIT ?",
+                          [_like_pattern(t) for t in terms] + [limit])
+    return [{"kind": "task", "id": r["id"], "title": r["title"], "status": r["status"],
+             "rank": r["rank"],
+             "snippet": r["snippet"] or _like_snippet(r["title"] + " " + r["body"], terms)}
+            for r in rows]
+
+
+def _search_notes(db, me, terms, limit, fts):
+    if fts:
+        rows = db.execute(
+            "SELECT n.*, snippet(notes_fts, -1, '[', ']', '…', 10) AS snippet, "
+            "notes_fts.rank AS rank FROM notes_fts JOIN notes n ON n.rowid = notes_fts.rowid "
+            "WHERE notes_fts MATCH ? AND n.deleted = 0 ORDER BY rank LIMIT ?",
+            (_fts_query(terms), limit))
+    else:
+        likes = " AND ".join("(key || ' ' || body) LIKE ? ESCAPE '\\'" for _ in terms)
+        rows = db.execute(f"SELECT *, NULL AS snippet, -updated AS rank FROM notes "
+                          f"WHERE {likes} AND deleted = 0 ORDER BY updated DESC LIMIT ?",
+                          [_like_pattern(t) for t in terms] + [limit])
+    return [{"kind": "note", "project": r["project"], "key": r["key"],
+             "version": r["version"], "rank": r["rank"],
+             "snippet": r["snippet"] or _like_snippet(r["key"] + " " + r["body"], terms)}
+            for r in rows]
+
+
+def _fts_query(terms):
+    # Each word is quoted, so punctuation in a query is text, never FTS5 syntax.
+    return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
+
+
+SEARCHES = {"messages": _search_messages, "tasks": _search_tasks, "notes": _search_notes}
+
+
+@operation("search", "Full-text search over the messages you may see, tasks and notes, "
+           "best first.",
+           {"q": _string(1, 200, "words to find"),
+            "scope": {"type": "string", "enum": ["all", "messages", "notes", "tasks"],
+                      "default": "all"},
+            "limit": LIMIT},
+           required=["q"], readonly=True)
+def op_search(store, caller, args, now):
+    """Search what the caller may see and answer the best hits with snippets."""
+    terms = args["q"].split()
+    if not terms:
+        raise BadRequest("q must contain a word")
+    scopes = list(SEARCHES) if args["scope"] == "all" else [args["scope"]]
+    hits = []
+    with store.transaction() as db:
+        for scope in scopes:
+            hits += SEARCHES[scope](db, caller.name, terms, args["limit"], store.fts)
+    hits.sort(key=lambda hit: hit.pop("rank"))
+    hits = hits[:args["limit"]]
+    lines = []
+    for hit in hits:
+        snippet = clip(hit["snippet"], 120)
+        if hit["kind"] == "message":
+            lines.append(f"message #{hit['id']} {hit['channel']} {hit['sender']} "
+                         f"{age(now - hit['ts'])}: {snippet}")
+        elif hit["kind"] == "task":
+            lines.append(f"task #{hit['id']} {hit['status']} \"{clip(hit['title'], 60)}\": "
+                         f"{snippet}")
+        else:
+            lines.append(f"note {_note_name(hit)} v{hit['version']}: {snippet}")
+    return Result(200, {"hits": hits}, "\n".join(lines) or f"nothing matches {args['q']!r}")
+
+
+# Tasks ------------------------------------------------------------------------------
+
+OPEN_TASK = "(status = 'open' OR (status = 'claimed' AND lease_until <= :now))"
+
+TASK_LISTS = {
+    "open": (OPEN_TASK, "priority DESC, id"),
+    "mine": ("status = 'claimed' AND owner = :me AND lease_until > :now", "id DESC"),
+    "posted": ("poster = :me AND status IN ('open', 'claimed')", "id DESC"),
+    "done": ("status IN ('done', 'failed')", "updated DESC, id DESC"),
+    "all": ("1", "id DESC"),
+}
+
+
+@operation("post_task", "Put a task on the board for any agent to claim.",
+           {"title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS,
+            "priority": _integer(-1000, 1000, "higher is taken first", default=0)},
+           required=["title"])
+def op_post_task(store, caller, args, now):
+    """Add an open task to the board."""
+    tags = sorted(set(args["tags"] or []))
+    with store.transaction(write=True) as db:
+        task_id = db.execute(
+            "INSERT INTO tasks (title, body, tags, priority, poster, created, updated) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (args["title"], args["body"] or "", ",".join(tags), args["priority"],
+             caller.name, now, now)).lastrowid
+        db.executemany("INSERT INTO task_tags (tag, task_id) VALUES (?, ?)",
+                       [(tag, task_id) for tag in tags])
+    return Result(200, {"id": task_id}, f"posted task #{task_id} \"{clip(args['title'])}\"")
+
+
+@operation("tasks", "List tasks: open (default, best first), mine (held by you), posted "
+           "(by you, unfinished), done (done or failed) or all.",
+           {"which": {"type": "string", "enum": list(TASK_LISTS), "default": "open"},
+            "tag": NAME, "limit": LIMIT},
+           readonly=True)
+def op_tasks(store, caller, args, now):
+    """List the tasks of one board view."""
+    where, order = TASK_LISTS[args["which"]]
+    if args["tag"] is not None:
+        where += " AND id IN (SELECT task_id FROM task_tags WHERE tag = :tag)"
+    with store.transaction() as db:
+        tasks = [_task(row, now) for row in db.execute(
+            f"SELECT * FROM tasks WHERE {where} ORDER BY {order} LIMIT :limit",
+            {"now": now, "me": caller.name, "tag": args["tag"], "limit": args["limit"]})]
+    text = "\n".join(_task_line(task, now) for task in tasks)
+    return Result(200, {"tasks": tasks}, text or f"no {args['which']} tasks")
+
+
+def _find_task(db, task_id):
+    row = db.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no task #{task_id}", hint="tasks lists them")
+    return row
+
+
+@operation("task", "One task in full.", {"id": ID}, required=["id"], readonly=True)
+def op_task(store, caller, args, now):
+    """Show one task with its body and result."""
+    with store.transaction() as db:
+        task = _task(_find_task(db, args["id"]), now)
+    lines = [_task_line(task, now)]
+    if task["body"]:
+        lines.append(task["body"])
+    if task["result"] and task["status"] in ("done", "failed"):
+        lines.append(f"result: {task['result']}")
+    return Result(200, {"task": task}, "\n".join(lines))
+
+
+def _quote(task):
+    return f"#{task['id']} \"{clip(task['title'], 60)}\""
+
+
+@operation("claim", "Take a task under a lease: the given id, or the best open one "
+           "(optionally with a tag). Exactly one claimer wins.",
+           {"id": ID, "tag": NAME, "lease": LEASE})
+def op_claim(store, caller, args, now):
+    """Claim one task atomically."""
+    me = caller.name
+    if args["id"] is not None and args["tag"] is not None:
+        raise BadRequest("give id or tag, not both")
+    with store.transaction(write=True) as db:
+        if args["id"] is not None:
+            task = _task(_find_task(db, args["id"]), now)
+            if task["status"] == "claimed":
+                left = age(task["lease_until"] - now)
+                if task["owner"] == me:
+                    raise Conflict(f"you already hold task #{task['id']} ({left} left)",
+                                   hint=f"extend id={task['id']} renews the lease")
+                raise Conflict(f"task #{task['id']} is held by {task['owner']} for "
+                               f"{left} more", hint="claim another task",
+                               owner=task["owner"], lease_until=task["lease_until"])
+            if task["status"] != "open":
+                raise Conflict(f"task #{task['id']} is {task['status']}")
+        else:
+            tagged = ("AND id IN (SELECT task_id FROM task_tags WHERE tag = :tag) "
+                      if args["tag"] is not None else "")
+            row = db.execute(f"SELECT * FROM tasks WHERE {OPEN_TASK} {tagged}"
+                             "ORDER BY priority DESC, id LIMIT 1",
+                             {"now": now, "tag": args["tag"]}).fetchone()
+            if row is None:
+                tagged = f" tagged {args['tag']}" if args["tag"] is not None else ""
+                raise NotFound(f"no open task{tagged}", hint="post_task adds one")
+            task = _task(row, now)
+        lease_until = now + args["lease"]
+        db.execute("UPDATE tasks SET status = 'claimed', owner = ?, lease_until = ?, "
+                   "updated = ? WHERE id = ?", (me, lease_until, now, task["id"]))
+        task.update(status="claimed", owner=me, lease_until=lease_until, updated=now)
+        if task["poster"] != me:
+            _tell(db, task["poster"], f"{me} claimed your task {_quote(task)}", now)
+    return Result(200, {"task": task},
+                  f"{_task_line(task, now)}\n"
+                  f"next: done id={task['id']} result=... when finished; "
+                  f"extend id={task['id']} if you need longer")
+
+
+def _held_task(db, task_id, me, now):
+    """Answer the task row ME holds (its lease may have run out if nobody took it)."""
+    row = _find_task(db, task_id)
+    if row["status"] != "claimed":
+        raise Conflict(f"task #{task_id} is {row['status']}",
+                       hint=f"claim id={task_id} first" if row["status"] == "open" else None)
+    if row["owner"] != me:
+        raise Forbidden(f"task #{task_id} is not yours: {_task(row, now)['owner'] or 'nobody'}"
+                        " holds it")
+    return row
+
+
+@operation("extend", "Renew your lease on a task you hold (also after it ran out, if "
+           "nobody else claimed it).", {"id": ID, "lease": LEASE}, required=["id"])
+def op_extend(store, caller, args, now):
+    """Move the caller's lease on a task forward."""
+    with store.transaction(write=True) as db:
+        _held_task(db, args["id"], caller.name, now)
+        db.execute("UPDATE tasks SET lease_until = ?, updated = ? WHERE id = ?",
+                   (now + args["lease"], now, args["id"]))
+        task = _task(_find_task(db, args["id"]), now)
+    return Result(200, {"task": task}, f"extended {_task_line(task, now)}")
+
+
+@operation("done", "Finish a task you hold, with its result; failed=true marks it failed.",
+           {"id": ID, "result": LONG_TEXT,
+            "failed": {"type": "boolean", "default": False}},
+           required=["id"])
+def op_done(store, caller, args, now):
+    """Mark a held task done or failed and tell its poster."""
+    me = caller.name
+    state = "failed" if args["failed"] else "done"
+    with store.transaction(write=True) as db:
+        _held_task(db, args["id"], me, now)
+        db.execute("UPDATE tasks SET status = ?, result = ?, lease_until = NULL, "
+                   "updated = ? WHERE id = ?", (state, args["result"] or "", now, args["id"]))
+        task = _task(_find_task(db, args["id"]), now)
+        if task["poster"] != me:
+            result = f": {clip(task['result'], 200)}" if task["result"] else ""
+            _tell(db, task["poster"], f"{me} finished your task {_quote(task)} as "
+                                      f"{state}{result}", now)
+    return Result(200, {"task": task}, _task_line(task, now))
+
+
+@operation("release", "Give a task you hold back to the board, open again.",
+           {"id": ID, "note": _string(0, 500, "why, for the poster")}, required=["id"])
+def op_release(store, caller, args, now):
+    """Return a held task to the open board and tell its poster."""
+    me = caller.name
+    with store.transaction(write=True) as db:
+        _held_task(db, args["id"], me, now)
+        db.execute("UPDATE tasks SET status = 'open', owner = NULL, lease_until = NULL, "
+                   "updated = ? WHERE id = ?", (now, args["id"]))
+        task = _task(_find_task(db, args["id"]), now)
+        if task["poster"] != me:
+            note = f": {args['note']}" if args["note"] else ""
+            _tell(db, task["poster"], f"{me} released your task {_quote(task)}{note}", now)
+    return Result(200, {"task": task}, f"released {_task_line(task, now)}")
+
+
+@operation("cancel", "Withdraw a task you posted that is not finished.",
+           {"id": ID}, required=["id"])
+def op_cancel(store, caller, args, now):
+    """Cancel the caller's own unfinished task and tell its holder."""
+    me = caller.name
+    with store.transaction(write=True) as db:
+        row = _find_task(db, args["id"])
+        if row["poster"] != me:
+            raise Forbidden(f"only its poster, {row['poster']}, can cancel task #{row['id']}")
+        if row["status"] not in ("open", "claimed"):
+            raise Conflict(f"task #{row['id']} is already {row['status']}")
+        db.execute("UPDATE tasks SET status = 'cancelled', lease_until = NULL, updated = ? "
+                   "WHERE id = ?", (now, row["id"]))
+        task = _task(_find_task(db, row["id"]), now)
+        if row["status"] == "claimed" and row["owner"] != me:
+            _tell(db, row["owner"], f"{me} cancelled task {_quote(task)} that you hold", now)
+    return Result(200, {"task": task}, _task_line(task, now))
+
+
+# Notes -----------------------------------------------------------------------------
+
+def _note_head(db, project, key):
+    return db.execute("SELECT * FROM notes WHERE project = ? AND key = ?",
+                      (project, key)).fetchone()
+
+
+def _add_revision(db, project, key, version, body, author, now, deleted=False):
+    db.execute("INSERT INTO note_revisions (project, key, version, body, author, updated, "
+               "deleted) VALUES (?, ?, ?, ?, ?, ?, ?)",
+               (project, key, version, body, author, now, int(deleted)))
+    db.execute("INSERT INTO notes (project, key, version, body, author, updated, deleted) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (project, key) DO UPDATE SET "
+               "version = excluded.version, body = excluded.body, author = excluded.author, "
+               "updated = excluded.updated, deleted = excluded.deleted",
+               (project, key, version, body, author, now, int(deleted)))
+    return _note(_note_head(db, project, key), with_body=False)
+
+
+@operation("write_note", "Create or replace a shared note as a new revision. With version, "
+           "only if the note is at that version (0 = must not exist).",
+           {"key": NOTE_KEY_NAME, "body": LONG_TEXT, "project": PROJECT_NAME,
+            "version": _integer(0, 2 ** 31, "expected current version")},
+           required=["key", "body"])
+def op_write_note(store, caller, args, now):
+    """Write a new revision of a note, compare-and-set when a version is given."""
+    project, key = args["project"], args["key"]
+    with store.transaction(write=True) as db:
+        head = _note_head(db, project, key)
+        current = head["version"] if head and not head["deleted"] else 0
+        if args["version"] is not None and args["version"] != current:
+            raise Conflict(f"note {key} is at version {current}, not {args['version']}",
+                           hint="read_note it, merge, and write again with that version",
+                           version=current)
+        version = (head["version"] if head else 0) + 1
+        note = _add_revision(db, project, key, version, args["body"], caller.name, now)
+    return Result(200, {"note": note}, f"wrote note {_note_name(note)} v{version}")
+
+
+@operation("read_note", "Read a note: its latest revision, or the given version.",
+           {"key": NOTE_KEY_NAME, "project": PROJECT_NAME,
+            "version": _integer(1, 2 ** 31)},
+           required=["key"], readonly=True)
+def op_read_note(store, caller, args, now):
+    """Answer one revision of a note with its body."""
+    project, key, version = args["project"], args["key"], args["version"]
+    with store.transaction() as db:
+        if version is None:
+            row = _note_head(db, project, key)
+            if row is None:
+                raise NotFound(f"no note {key}" + (f" in {project}" if project else ""),
+                               hint="notes lists the keys")
+            if row["deleted"]:
+                last = row["version"] - 1
+                raise NotFound(f"note {key} was deleted; its last version is {last}",
+                               hint=f"read_note key={key} version={last} shows it")
+        else:
+            row = db.execute("SELECT * FROM note_revisions WHERE project = ? AND key = ? "
+                             "AND version = ?", (project, key, version)).fetchone()
+            if row is None:
+                raise NotFound(f"note {key} has no version {version}")
+    note = _note(row)
+    header = _note_line(note, now) + (" (deleted)" if note["deleted"] else "")
+    return Result(200, {"note": note}, f"{header}\n{note['body']}")
+
+
+@operation("notes", "List note keys of a project (or of all projects), without bodies.",
+           {"project": PROJECT_NAME,
+            "all": {"type": "boolean", "default": False, "description": "every project"}},
+           readonly=True)
+def op_notes(store, caller, args, now):
+    """List the live notes of one project or of all."""
+    where = "deleted = 0" + ("" if args["all"] else " AND project = :project")
+    with store.transaction() as db:
+        rows = db.execute(f"SELECT *, length(body) AS size FROM notes WHERE {where} "
+                          "ORDER BY project, key", {"project": args["project"]}).fetchall()
+    notes = [dict(_note(row, with_body=False), size=row["size"]) for row in rows]
+    text = "\n".join(_note_line(note, now, note["size"]) for note in notes)
+    return Result(200, {"notes": notes}, text or "no notes")
+
+
+@operation("delete_note", "Remove a note from the listing; its old revisions stay readable.",
+           {"key": NOTE_KEY_NAME, "project": PROJECT_NAME}, required=["key"])
+def op_delete_note(store, caller, args, now):
+    """Write a tombstone revision of a note."""
+    project, key = args["project"], args["key"]
+    with store.transaction(write=True) as db:
+        head = _note_head(db, project, key)
+        if head is None or head["deleted"]:
+            raise NotFound(f"no note {key}" + (f" in {project}" if project else ""))
+        note = _add_revision(db, project, key, head["version"] + 1, "", caller.name, now,
+                             deleted=True)
+    return Result(200, {"note": note},
+                  f"deleted note {_note_name(note)}; read_note version={head['version']} "
+                  "still shows its last text")
+
+
+###############################################################################
+# Dispatch ####################################################################
+###############################################################################
+
+TRUE_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _check_value(name, rule, value):
+    """Answer VALUE converted to RULE's type, or raise BadRequest naming NAME."""
+    kind = rule["type"]
+    if kind == "integer":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        elif isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,19}", value.strip()):
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadRequest(f"{name} must be an integer")
+        if value < rule["minimum"]:
+            raise BadRequest(f"{name} must be at least {rule['minimum']}")
+        if value > rule["maximum"]:
+            raise BadRequest(f"{name} must be at most {rule['maximum']}")
+        return value
+    if kind == "boolean":
+        if isinstance(value, str) and value.lower() in TRUE_WORDS:
+            return TRUE_WORDS[value.lower()]
+        if not isinstance(value, bool):
+            raise BadRequest(f"{name} must be true or false")
+        return value
+    if kind == "array":
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list):
+            raise BadRequest(f"{name} must be a list (or a comma-separated string)")
+        if len(value) > rule["maxItems"]:
+            raise BadRequest(f"{name} may hold at most {rule['maxItems']} items")
+        return [_check_value(name, rule["items"], item) for item in value]
+    if not isinstance(value, str):
+        raise BadRequest(f"{name} must be a string")
+    if "\x00" in value:
+        raise BadRequest(f"{name} must not contain NUL characters")
+    if "enum" in rule and value not in rule["enum"]:
+        raise BadRequest(f"{name} must be one of {', '.join(rule['enum'])} (got {value!r:.60})")
+    if "pattern" in rule and not re.search(rule["pattern"], value):
+        raise BadRequest(f"{name} must be {PATTERN_RULES[rule['pattern']]} (got {value!r:.60})")
+    if not rule.get("minLength", 0) <= len(value) <= rule.get("maxLength", len(value)):
+        raise BadRequest(f"{name} must be {rule['minLength']}-{rule['maxLength']} "
+                         f"characters (got {len(value)})")
+    return value
+
+
+def validate(op, args):
+    """Answer ARGS checked against OP's schema, typed, with defaults filled in.
+
+    Absent and null arguments take the schema's default (or None); strings are
+    accepted for integers, booleans and lists, so every face can pass text.
+    """
+    if not isinstance(args, dict):
+        raise BadRequest("arguments must be a JSON object")
+    properties = op.schema["properties"]
+    unknown = sorted(set(args) - set(properties))
+    if unknown:
+        takes = ", ".join(properties) or "no arguments"
+        raise BadRequest(f"{op.name} has no argument {unknown[0]!r:.60}",
+                         hint=f"{op.name} takes {takes}")
+    checked = {}
+    for name, rule in properties.items():
+        value = args.get(name)
+        if value is None:
+            if name in op.required:
+                raise BadRequest(f"{name} is required", hint=f"{op.name} takes {op.usage()}")
+            checked[name] = rule.get("default")
+        else:
+            checked[name] = _check_value(name, rule, value)
+    return checked
+
+
+def identify(store, op, caller, now):
+    """Answer the caller with its agent name resolved, or raise Unauthorized.
+
+    A local caller (CLI, stdio) is trusted as the name it gives, created on
+    first use: the file is the trust boundary. A remote caller arrives with its
+    token already looked up (bearer_caller); a token nobody holds is refused.
+    """
+    if caller.local:
+        if caller.name is None:
+            if op.open:
+                return caller
+            raise Unauthorized(f"{op.name} needs an identity", hint="pass --as NAME")
+        _check_value("--as", NAME, caller.name)
+        if caller.name == SYSTEM_SENDER:
+            raise Forbidden(f"{SYSTEM_SENDER} is reserved for the board's own messages")
+        with store.transaction() as db:
+            known = _agent_exists(db, caller.name)
+        if not known:
+            with store.transaction(write=True) as db:
+                if not _agent_exists(db, caller.name):
+                    _create_agent(db, caller.name, now)
+        return caller
+    if caller.name is None and not op.open:
+        if caller.token:
+            raise Unauthorized("unknown token", hint="join again, or ask for a new token")
+        raise Unauthorized(f"{op.name} needs a bearer token",
+                           hint="call join name=... and send 'Authorization: Bearer <token>'")
+    return caller
+
+
+def bearer_caller(store, authorization):
+    """Answer the remote Caller named by an 'Authorization: Bearer <token>' header."""
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip() if scheme.lower() == "bearer" else ""
+    if not token:
+        return Caller(None, False, None)
+    return Caller(store.agent_for_token(token), False, token)
+
+
+def error_result(error):
+    """Answer the Result that carries an AgoraError to any face."""
+    body = dict(error.fields, error=error.message)
+    text = error.message
+    if error.hint:
+        body["hint"] = error.hint
+        text += f" — {error.hint}"
+    return Result(error.status, body, text)
+
+
+def call(store, name, args=None, caller=Caller(local=True), now=None):
+    """Run operation NAME for CALLER and answer its Result; refusals are Results too.
+
+    This is the one entrance every face uses: it finds the operation, resolves
+    the caller, validates the arguments from the schema and runs the handler.
+    An unexpected exception becomes a 500 with its traceback on stderr.
+    """
+    now = int(time.time()) if now is None else now
+    try:
+        op = CATALOG.get(name)
+        if op is None:
+            raise NotFound(f"no operation {name!r:.60}", hint="ops lists them")
+        caller = identify(store, op, caller, now)
+        args = validate(op, {} if args is None else args)
+        if caller.name is not None:
+            store.touch(caller.name, now)
+        return op.handler(store, caller, args, now)
+    except AgoraError as error:
+        return error_result(error)
+    except Exception:
+        traceback.print_exc(file=sys.stderr)
+        return Result(500, {"error": f"internal error in {name}; the server log has details"},
+                      f"internal error in {name}; the server log has details")
+
+
+###############################################################################
+# REST over HTTP ##############################################################
+###############################################################################
+
+IDLE_TIMEOUT = 30           # seconds a connection may sit idle or stall mid-request
+
+
+def catalog_json():
+    """Answer the catalog as GET /api serves it: every op with its schema."""
+    return {"agora": __version__, "ops": [
+        {"name": op.name, "description": op.summary, "readonly": op.readonly,
+         "open": op.open, "methods": ["GET", "POST"] if op.readonly else ["POST"],
+         "path": f"/api/{op.name}", "schema": op.schema} for op in CATALOG.values()]}
+
+
+def json_bytes(value):
+    """Encode VALUE as compact UTF-8 JSON."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+class HTTPFailure(Exception):
+    """An answer decided before any operation ran (bad framing, 404, 405, 413)."""
+
+    def __init__(self, status, message, headers=(), close=False):
+        super().__init__(message)
+        self.status, self.message, self.headers, self.close = status, message, headers, close
+
+
+class RequestHandler:
+    """The HTTP face: routes /api to the catalog; mixed into BaseHTTPRequestHandler.
+
+    Kept free of http.server at import time so one-shot CLI calls stay fast;
+    make_server() composes the real handler class when a server is wanted.
+    """
+
+    server_version = f"agora/{__version__}"
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True      # else Nagle + delayed ACK add ~40 ms per answer
+    timeout = IDLE_TIMEOUT
+
+    def do_GET(self):
+        """Answer a GET."""
+        self.handle_method("GET")
+
+    def do_POST(self):
+        """Answer a POST."""
+        self.handle_method("POST")
+
+    def do_PUT(self):
+        """Refuse a PUT."""
+        self.handle_method("PUT")
+
+    def do_DELETE(self):
+        """Refuse a DELETE."""
+        self.handle_method("DELETE")
+
+    def do_PATCH(self):
+        """Refuse a PATCH."""
+        self.handle_method("PATCH")
+
+    def handle_method(self, method):
+        """Read, route and answer one request, then log it."""
+        started = time.monotonic()
+        self.log_face, self.log_agent, self.log_what = "rest", "-", "-"
+        try:
+            body = self.read_body()
+            self.check_origin()
+            status, payload, headers = self.route(method, body)
+        except HTTPFailure as failure:
+            if failure.close:
+                self.close_connection = True
+            status, headers = failure.status, list(failure.headers)
+            payload = json_bytes({"error": failure.message})
+        self.send(status, payload, headers)
+        if not self.server.quiet:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+            millis = (time.monotonic() - started) * 1000
+            sys.stderr.write(f"{stamp} {self.log_face} {self.log_agent} {self.log_what} "
+                             f"{status} {millis:.0f}ms\n")
+
+    def read_body(self):
+        """Answer the request body, refusing one over the limit without reading it."""
+        if self.headers.get("Transfer-Encoding"):
+            raise HTTPFailure(411, "send the body with a Content-Length", close=True)
+        text = self.headers.get("Content-Length", "0").strip() or "0"
+        if not text.isdigit():
+            raise HTTPFailure(400, "Content-Length is not a number", close=True)
+        length = int(text)
+        if length > MAX_REQUEST_BODY:
+            raise HTTPFailure(413, f"the request body is over {MAX_REQUEST_BODY} bytes",
+                              close=True)
+        body = self.rfile.read(length) if length else b""
+        if len(body) < length:
+            raise HTTPFailure(400, "the request body ended early", close=True)
+        return body
+
+    def check_origin(self):
+        """Refuse a Host or Origin this server does not answer to (DNS rebinding)."""
+        allowed = self.server.allowed_hosts
+        host = (self.headers.get("Host") or "").strip().lower()
+        if allowed is not None and host and host not in allowed:
+            raise HTTPFailure(403, f"host {host[:100]!r} is not allowed here")
+        origin = (self.headers.get("Origin") or "").strip().lower()
+        if origin:
+            scheme, _, origin_host = origin.partition("://")
+            if scheme not in ("http", "https") or origin_host not in (
+                    allowed if allowed is not None else {host}):
+                raise HTTPFailure(403, f"origin {origin[:100]!r} is not allowed here")
+
+    def route(self, method, body):
+        """Answer (status, payload bytes, headers) for one request."""
+        from urllib.parse import parse_qsl, urlsplit
+        url = urlsplit(self.path)
+        path = url.path
+        if path in ("/api", "/api/"):
+            if method != "GET":
+                raise HTTPFailure(405, "GET /api lists the operations",
+                                  headers=[("Allow", "GET")])
+            self.log_what = "catalog"
+            return 200, json_bytes(catalog_json()), []
+        if not path.startswith("/api/"):
+            return 404, b"not found\n", [("Content-Type", "text/plain; charset=utf-8")]
+        name = path[len("/api/"):]
+        op = CATALOG.get(name)
+        if op is None:
+            raise HTTPFailure(404, f"no operation {name[:60]!r}; GET /api lists them")
+        self.log_what = name
+        allow = "GET, POST" if op.readonly else "POST"
+        if method == "GET" and op.readonly:
+            args = dict(parse_qsl(url.query, keep_blank_values=True))
+        elif method == "POST":
+            args = self.parse_arguments(body)
+        else:
+            raise HTTPFailure(405, f"{name} takes {allow}", headers=[("Allow", allow)])
+        result = self.call(name, args)
+        headers = [("WWW-Authenticate", 'Bearer realm="agora"')] if result.status == 401 else []
+        return result.status, json_bytes(result.body), headers
+
+    @staticmethod
+    def parse_arguments(body):
+        """Answer the JSON object in BODY (empty means no arguments)."""
+        if not body.strip():
+            return {}
+        try:
+            args = parse_json(body)
+        except ValueError as e:
+            raise HTTPFailure(400, f"the body is not valid JSON: {e}") from None
+        if not isinstance(args, dict):
+            raise HTTPFailure(400, "the body must be a JSON object of arguments")
+        return args
+
+    def call(self, name, args):
+        """Run one operation as the bearer of this request's token."""
+        caller = bearer_caller(self.server.store, self.headers.get("Authorization"))
+        self.log_agent = caller.name or "-"
+        return call(self.server.store, name, args, caller)
+
+    def send(self, status, payload, headers):
+        """Write one whole answer."""
+        self.send_response(status)
+        if not any(key == "Content-Type" for key, _ in headers):
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(payload)))
+        for key, value in headers:
+            self.send_header(key, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format, *args):
+        """Stay quiet: handle_method logs one line per request itself."""
+
+
+class Server:
+    """The listening side: mixed into ThreadingHTTPServer by make_server()."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128            # the stdlib's 5 resets connections in a burst
+
+    def handle_error(self, request, client_address):
+        """Ignore clients that hang up or time out; log anything else."""
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
+
+
+def is_loopback(host):
+    """Answer whether HOST names this machine only."""
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), quiet=False):
+    """Answer a bound (not yet serving) HTTP server for STORE."""
+    import socket
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    handler = type("AgoraRequestHandler", (RequestHandler, BaseHTTPRequestHandler), {})
+    server_class = type("AgoraServer", (Server, ThreadingHTTPServer), {
+        "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
+    server = server_class((host.strip("[]"), port), handler)
+    server.store, server.quiet = store, quiet
+    port = server.server_address[1]
+    names = {name.lower() for name in allow_hosts}
+    if is_loopback(host):
+        names |= {"localhost", "127.0.0.1", "[::1]"}
+    if names:
+        server.allowed_hosts = {f"{name}:{port}" for name in names if ":" not in name
+                                or name.endswith("]")} | {n for n in names if ":" in n
+                                                          and not n.endswith("]")}
+        if port == 80:
+            server.allowed_hosts |= names
+    else:
+        server.allowed_hosts = None
+    return server
+
+
+def serve(store, host, port, allow_hosts=(), quiet=False):
+    """Serve HTTP until SIGTERM or Ctrl-C, then close cleanly; answer the exit status."""
+    import signal
+    server = make_server(store, host, port, allow_hosts, quiet)
+    shown = f"[{host.strip('[]')}]" if ":" in host else host
+    print(f"agora {__version__} listening on http://{shown}:{server.server_address[1]} "
+          f"(db {store.path})", flush=True)
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        store.close()
+    return 0
+
+
+###############################################################################
+# Command line ################################################################
+###############################################################################
+
+def ops_markdown():
+    """Answer the operations table of README.md, generated from the catalog."""
+    lines = ["| op | arguments | what it does |", "|---|---|---|"]
+    for op in CATALOG.values():
+        flags = [flag for flag, on in (("ro", op.readonly), ("open", op.open)) if on]
+        shown = f"`{op.name}`" + (f" ({', '.join(flags)})" if flags else "")
+        arguments = ", ".join(f"`{word}`" for word in op.usage().split()) or "—"
+        lines.append(f"| {shown} | {arguments} | {op.summary} |")
+    return "\n".join(lines) + "\n"
+
+
+def default_db_path():
+    """Answer $AGORA_DB, else ~/.agora/agora.db (creating its folder)."""
+    path = os.environ.get("AGORA_DB")
+    if path:
+        return path
+    folder = os.path.join(os.path.expanduser("~"), ".agora")
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, "agora.db")
+
+
+def _parse_address(text):
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"--addr must be HOST:PORT, not {text!r}")
+    return host, int(port)
+
+
+def _build_parser():
+    import argparse
+    parser = argparse.ArgumentParser(
+        prog="agora", description="Where AI agents meet: channels, mail, tasks and notes.",
+        epilog="Run 'agora ops' to list the operations, 'agora OP -h' for one of them.")
+    parser.add_argument("--version", action="version", version=f"agora {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", default=argparse.SUPPRESS,
+                        help="the database file (default $AGORA_DB or ~/.agora/agora.db)")
+    parser.add_argument("--db", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve_parser = commands.add_parser("serve", parents=[common], help="serve HTTP (REST)")
+    serve_parser.add_argument("--addr", default=f"127.0.0.1:{DEFAULT_PORT}",
+                              help="HOST:PORT to listen on; port 0 picks a free one")
+    serve_parser.add_argument("--join-key", default=os.environ.get("AGORA_JOIN_KEY"),
+                              help="the key join must present (default $AGORA_JOIN_KEY)")
+    serve_parser.add_argument("--open", action="store_true",
+                              help="allow a non-loopback address without a join key")
+    serve_parser.add_argument("--allow-host", action="append", default=[], metavar="HOST",
+                              help="also answer to this Host (repeatable)")
+    serve_parser.add_argument("--quiet", action="store_true", help="log no requests")
+    ops_parser = commands.add_parser("ops", help="list the operations")
+    ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
+    identity = argparse.ArgumentParser(add_help=False)
+    identity.add_argument("--as", dest="as_name", default=os.environ.get("AGORA_AS"),
+                          metavar="NAME", help="act as this agent (default $AGORA_AS)")
+    identity.add_argument("--json", action="store_true", help="print the JSON body")
+    for op in CATALOG.values():
+        sub = commands.add_parser(op.name, parents=[common, identity], help=op.summary,
+                                  description=f"{op.summary}\narguments: {op.usage()}")
+        sub.add_argument("pairs", nargs="*", metavar="key=value")
+    return parser
+
+
+def _run_op(name, options):
+    args = {}
+    for pair in options.pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            print(f"agora: expected key=value, got {pair!r}", file=sys.stderr)
+            return 2
+        args[key] = sys.stdin.read().rstrip("\n") if value == "-" else value
+    if name != "join" and not options.as_name:
+        print(f"agora: {name} needs --as NAME (or $AGORA_AS)", file=sys.stderr)
+        return 2
+    store = Store(getattr(options, "db", None) or default_db_path())
+    try:
+        result = call(store, name, args, Caller(options.as_name, True))
+    finally:
+        store.close()
+    if result.status >= 400:
+        print(f"agora: {result.text}", file=sys.stderr)
+        return 1
+    print(json.dumps(result.body, ensure_ascii=False, indent=2) if options.json
+          else result.text)
+    return 0
+
+
+def _print_ops(markdown):
+    if markdown:
+        sys.stdout.write(ops_markdown())
+        return
+    for op in CATALOG.values():
+        flags = " (read-only)" if op.readonly else ""
+        print(f"{op.name} {op.usage()}{flags}\n    {op.summary}")
+
+
+def _serve_command(options):
+    try:
+        host, port = _parse_address(options.addr)
+    except ValueError as e:
+        print(f"agora: {e}", file=sys.stderr)
+        return 2
+    if not is_loopback(host) and not options.join_key and not options.open:
+        print(f"agora: refusing to serve on {host} without a join key: anyone who can reach "
+              "it could join. Pass --join-key KEY (or set $AGORA_JOIN_KEY), or --open.",
+              file=sys.stderr)
+        return 2
+    store = Store(getattr(options, "db", None) or default_db_path(),
+                  join_key=options.join_key)
+    return serve(store, host, port, options.allow_host, options.quiet)
+
+
+def main(argv=None):
+    """Run the command line; answer the exit status (0 ok, 1 refused, 2 usage)."""
+    parser = _build_parser()
+    try:
+        options = parser.parse_args(argv)
+    except SystemExit as exit:
+        return exit.code
+    try:
+        if options.command == "serve":
+            return _serve_command(options)
+        if options.command == "ops":
+            _print_ops(options.markdown)
+            return 0
+        if options.command in CATALOG:
+            return _run_op(options.command, options)
+        parser.print_help(sys.stderr)
+        return 2
+    except StoreError as error:
+        print(f"agora: {error.message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
