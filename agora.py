@@ -47,7 +47,7 @@ BUSY_TIMEOUT = 30
 
 SLUG = r"^[a-z0-9._-]{1,48}$"
 CHANNEL_OR_MAILBOX = r"^@?[a-z0-9._-]{1,48}$"
-NOTE_KEY = r"^(?=.{1,48}$)[a-z0-9._-]+(/[a-z0-9._-]+)*$"
+NOTE_KEY = r"^(?=.{1,48}$)(?!(.*/)?\.\.?(/|$))[a-z0-9._-]+(/[a-z0-9._-]+)*$"
 PROJECT = r"^([a-z0-9._-]{1,48})?$"
 
 # The rule a pattern stands for, as a person would say it in an error.
@@ -55,7 +55,8 @@ PATTERN_RULES = {
     SLUG: "1-48 characters of a-z 0-9 . _ - (lowercase)",
     CHANNEL_OR_MAILBOX: "a channel name, or @agent for a mailbox "
                         "(1-48 characters of a-z 0-9 . _ -)",
-    NOTE_KEY: "1-48 characters of a-z 0-9 . _ - in parts separated by single '/'",
+    NOTE_KEY: "1-48 characters of a-z 0-9 . _ - in parts separated by single '/' "
+              "(no '.' or '..' parts)",
     PROJECT: '"" or 1-48 characters of a-z 0-9 . _ -',
 }
 
@@ -288,7 +289,6 @@ class Store:
         self.join_key = join_key
         self._pool = []
         self._pool_lock = threading.Lock()
-        self._open_connections = set()
         self._changed = threading.Condition()
         self._generation = 0
         self._seen_written = {}
@@ -299,7 +299,7 @@ class Store:
             self.fts = bool(con.execute(
                 "SELECT 1 FROM sqlite_master WHERE name = 'messages_fts'").fetchone())
         except BaseException:
-            self.close()
+            con.close()
             raise
         self._release(con)
 
@@ -316,8 +316,6 @@ class Store:
         except sqlite3.DatabaseError as e:
             con.close()
             raise StoreError(f"cannot use {self.path}: {e}") from None
-        with self._pool_lock:
-            self._open_connections.add(con)
         return con
 
     def _migrate(self, con, fts):
@@ -374,7 +372,6 @@ class Store:
             if not self._closed:
                 self._pool.append(con)
                 return
-            self._open_connections.discard(con)
         con.close()
 
     @contextlib.contextmanager
@@ -442,8 +439,6 @@ class Store:
         with self._pool_lock:
             self._closed = True
             idle, self._pool = self._pool, []
-            for con in idle:
-                self._open_connections.discard(con)
         for con in idle:
             con.close()
 
@@ -1865,7 +1860,7 @@ def _build_parser():
     serve_parser.add_argument("--allow-host", action="append", default=[], metavar="HOST",
                               help="also answer to this Host (repeatable)")
     serve_parser.add_argument("--quiet", action="store_true", help="log no requests")
-    ops_parser = commands.add_parser("ops", help="list the operations")
+    ops_parser = commands.add_parser("ops", parents=[common], help="list the operations")
     ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
     identity = argparse.ArgumentParser(add_help=False)
     identity.add_argument("--as", dest="as_name", default=os.environ.get("AGORA_AS"),

@@ -1,0 +1,1231 @@
+"""Tests for agora.py: every operation through dispatch, REST and the CLI end to end,
+and races between real threads and processes. Standard library only.
+
+Run with ``python3 test_agora.py`` (what ``make test`` does), ``python3 -m unittest``
+or pytest.
+"""
+
+import contextlib
+import http.client
+import io
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import agora
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+AGORA = os.path.join(HERE, "agora.py")
+T0 = 1_800_000_000          # the clock the dispatch tests start from
+
+
+def temp_dir(case):
+    """Make a folder removed when CASE ends."""
+    path = tempfile.mkdtemp(prefix="agora-test-")
+    case.addCleanup(shutil.rmtree, path, True)
+    return path
+
+
+class StoreCase(unittest.TestCase):
+    """A fresh store on a temporary file, and shortcuts to call operations."""
+
+    fts = True
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.db = os.path.join(self.dir, "agora.db")
+        self.store = agora.Store(self.db, fts=self.fts)
+        self.addCleanup(self.store.close)
+
+    def call(self, op, who="alice", now=T0, **args):
+        """Run OP as local agent WHO and answer the Result."""
+        return agora.call(self.store, op, args, agora.Caller(who, True), now)
+
+    def ok(self, op, who="alice", now=T0, **args):
+        """Run OP and answer its JSON body, failing unless it succeeded."""
+        result = self.call(op, who, now, **args)
+        self.assertEqual(result.status, 200, f"{op} {args}: {result.text}")
+        return result.body
+
+    def refused(self, status, op, who="alice", now=T0, **args):
+        """Run OP, check it was refused with STATUS, and answer the error text."""
+        result = self.call(op, who, now, **args)
+        self.assertEqual(result.status, status, f"{op} {args}: {result.text}")
+        self.assertIn("error", result.body)
+        self.assertEqual(result.text.split(" — ")[0], result.body["error"])
+        return result.body["error"]
+
+
+###############################################################################
+# Operations through dispatch #################################################
+###############################################################################
+
+class JoinTest(StoreCase):
+
+    def test_join_answers_a_token_that_identifies_the_agent(self):
+        body = self.ok("join", who=None, name="bob", about="reviews")
+        self.assertTrue(body["token"].startswith("agora_"))
+        self.assertGreaterEqual(len(body["token"]), 40)
+        self.assertEqual(self.store.agent_for_token(body["token"]), "bob")
+
+    def test_only_the_hash_of_a_token_is_stored(self):
+        token = self.ok("join", who=None, name="bob")["token"]
+        self.store.close()
+        with open(self.db, "rb") as f:
+            raw = f.read()
+        wal = self.db + "-wal"
+        if os.path.exists(wal):
+            with open(wal, "rb") as f:
+                raw += f.read()
+        self.assertNotIn(token.encode(), raw)
+        self.assertIn(agora.hash_token(token).encode(), raw)
+
+    def test_taken_name_is_409_for_a_stranger(self):
+        self.ok("join", who=None, name="bob")
+        result = agora.call(self.store, "join", {"name": "bob"}, agora.Caller(None, False))
+        self.assertEqual(result.status, 409)
+
+    def test_joining_as_yourself_rotates_the_token(self):
+        old = self.ok("join", who=None, name="bob")["token"]
+        caller = agora.bearer_caller(self.store, "Bearer " + old)
+        result = agora.call(self.store, "join", {"name": "bob"}, caller)
+        self.assertEqual(result.status, 200)
+        new = result.body["token"]
+        self.assertNotEqual(old, new)
+        self.assertIsNone(self.store.agent_for_token(old))
+        self.assertEqual(self.store.agent_for_token(new), "bob")
+
+    def test_local_join_mints_or_rotates(self):
+        first = self.ok("join", who=None, name="bob")["token"]
+        second = self.ok("join", who=None, name="bob")["token"]
+        self.assertIsNone(self.store.agent_for_token(first))
+        self.assertEqual(self.store.agent_for_token(second), "bob")
+
+    def test_agora_is_reserved(self):
+        self.refused(403, "join", who=None, name="agora")
+        self.refused(403, "brief", who="agora")
+
+    def test_join_key(self):
+        self.store.join_key = "sesame"
+        stranger = agora.Caller(None, False)
+        for key in (None, "wrong"):
+            args = {"name": "bob"} if key is None else {"name": "bob", "key": key}
+            self.assertEqual(agora.call(self.store, "join", args, stranger).status, 403)
+        result = agora.call(self.store, "join", {"name": "bob", "key": "sesame"}, stranger)
+        self.assertEqual(result.status, 200)
+        self.ok("join", who=None, name="carol")     # the local operator needs no key
+
+    def test_uppercase_name_is_refused_not_folded(self):
+        error = self.refused(400, "join", who=None, name="Bob")
+        self.assertIn("name", error)
+        self.assertIn("lowercase", error)
+
+
+class AgentsTest(StoreCase):
+
+    def test_brief_sets_status_and_reports(self):
+        self.ok("post", who="bob", body="hello")
+        self.ok("post_task", who="bob", title="fix it", priority=3)
+        self.ok("write_note", who="bob", key="plan", body="x")
+        body = self.ok("brief", status="working: tests")
+        self.assertEqual(body["agent"], "alice")
+        self.assertEqual(body["unread"], {"total": 0, "channels": {}})   # alice joined after
+        self.assertEqual(body["open"]["count"], 1)
+        self.assertEqual(body["open"]["top"][0]["title"], "fix it")
+        self.assertEqual([n["key"] for n in body["notes_changed"]], ["plan"])
+        self.assertIn("claim", body["hint"])
+        agents = {a["id"]: a for a in self.ok("agents")["agents"]}
+        self.assertEqual(agents["alice"]["status"], "working: tests")
+        self.assertNotIn("agora", agents)
+
+    def test_brief_delivers_nothing_and_counts_unread(self):
+        self.ok("brief")
+        self.ok("post", who="bob", body="one")
+        self.ok("post", who="bob", to="alice", body="two")
+        body = self.ok("brief", now=T0 + 5)
+        self.assertEqual(body["unread"], {"total": 2, "channels": {"public": 1, "@alice": 1}})
+        self.assertEqual(body["notes_changed"], [])
+        self.assertIn("read", body["hint"])
+        self.assertEqual(len(self.ok("read")["messages"]), 2)
+
+    def test_brief_lists_held_tasks_and_notes_changed_since_last_brief(self):
+        self.ok("brief", now=T0)
+        self.ok("write_note", who="bob", key="a", body="1", now=T0 + 1)
+        self.ok("write_note", key="mine", body="1", now=T0 + 1)
+        task = self.ok("post_task", who="bob", title="t")["id"]
+        self.ok("claim", id=task, lease=60, now=T0 + 2)
+        body = self.ok("brief", now=T0 + 3)
+        self.assertEqual([n["key"] for n in body["notes_changed"]], ["a"])
+        self.assertEqual([t["id"] for t in body["held"]], [task])
+        self.assertIn(f"done id={task}", body["hint"])
+        self.assertEqual(self.ok("brief", now=T0 + 4)["notes_changed"], [])
+
+    def test_profile_and_agents_order(self):
+        self.ok("brief", who="bob", now=T0)
+        self.ok("profile", about="writes tests", now=T0 + 100)
+        agents = self.ok("agents", now=T0 + 100)["agents"]
+        self.assertEqual([a["id"] for a in agents], ["alice", "bob"])
+        self.assertEqual(agents[0]["about"], "writes tests")
+        self.assertEqual(len(self.ok("agents", limit=1)["agents"]), 1)
+        self.assertIn("alice seen 0s", self.call("agents", now=T0 + 100).text)
+
+
+class ChannelTest(StoreCase):
+
+    def test_create_follow_unfollow(self):
+        self.assertEqual(self.ok("create_channel", name="dev", about="code"),
+                         {"channel": "dev"})
+        self.refused(409, "create_channel", name="dev")
+        channels = {c["name"]: c for c in self.ok("channels")["channels"]}
+        self.assertTrue(channels["dev"]["following"])
+        self.assertFalse(self.ok("channels", who="bob")["channels"][0]["following"])
+        self.assertEqual(self.ok("follow", who="bob", channel="dev"),
+                         {"channel": "dev", "following": True})
+        self.assertEqual(self.ok("unfollow", who="bob", channel="dev"),
+                         {"channel": "dev", "following": False})
+        self.refused(404, "follow", channel="nope")
+        self.refused(404, "unfollow", channel="nope")
+        self.refused(400, "follow", channel="@bob")
+
+    def test_channels_lists_counts_and_unread_but_no_mailboxes(self):
+        self.ok("brief")
+        self.ok("post", who="bob", body="a")
+        self.ok("post", who="bob", body="b")
+        self.ok("post", who="bob", to="alice", body="dm")
+        channels = self.ok("channels")["channels"]
+        self.assertEqual([c["name"] for c in channels], ["public"])
+        self.assertEqual((channels[0]["count"], channels[0]["unread"]), (2, 2))
+
+    def test_new_follower_starts_from_now_and_unfollow_keeps_the_cursor(self):
+        self.ok("create_channel", who="bob", name="dev")
+        self.ok("post", who="bob", channel="dev", body="before alice")
+        self.ok("follow", channel="dev")
+        self.ok("read")
+        self.ok("post", who="bob", channel="dev", body="one")
+        self.assertEqual([m["body"] for m in self.ok("read")["messages"]], ["one"])
+        self.ok("unfollow", channel="dev")
+        self.ok("post", who="bob", channel="dev", body="while away")
+        self.assertEqual(self.ok("read")["messages"], [])
+        self.ok("follow", channel="dev")
+        self.assertEqual([m["body"] for m in self.ok("read")["messages"]], ["while away"])
+
+
+class PostReadTest(StoreCase):
+
+    def test_post_and_read_exactly_once_oldest_first_never_own(self):
+        self.ok("brief", who="bob")
+        ids = [self.ok("post", body=f"m{i}")["id"] for i in range(3)]
+        self.ok("post", who="bob", body="bob's own")
+        body = self.ok("read", who="bob")
+        self.assertEqual([m["id"] for m in body["messages"]], ids)
+        self.assertEqual(body["remaining"], 0)
+        self.assertEqual(self.ok("read", who="bob")["messages"], [])
+        message = body["messages"][0]
+        self.assertEqual(set(message), {"id", "channel", "sender", "body", "reply_to", "ts"})
+        self.assertEqual((message["channel"], message["sender"], message["ts"]),
+                         ("public", "alice", T0))
+
+    def test_read_limit_and_remaining_hint(self):
+        self.ok("brief", who="bob")
+        for i in range(25):
+            self.ok("post", body=f"m{i}")
+        result = self.call("read", who="bob", limit=20)
+        self.assertEqual((len(result.body["messages"]), result.body["remaining"]), (20, 5))
+        self.assertIn("(5 more waiting: read again)", result.text)
+        body = self.ok("read", who="bob", limit=20)
+        self.assertEqual([m["body"] for m in body["messages"]], [f"m{i}" for i in range(20, 25)])
+
+    def test_read_text_shape(self):
+        self.ok("brief", who="bob")
+        first = self.ok("post", body="the build is green", now=T0)["id"]
+        self.ok("post", who="carol", to="bob", body="review?", reply_to=first, now=T0 + 120)
+        text = self.call("read", who="bob", now=T0 + 180).text
+        self.assertEqual(text.splitlines(), [
+            f"#{first} public alice 3m: the build is green",
+            f"#{first + 1} @bob carol 1m ↳#{first}: review?"])
+
+    def test_direct_mail(self):
+        self.ok("brief", who="bob")
+        body = self.ok("post", to="bob", body="psst")
+        self.assertEqual(body["channel"], "@bob")
+        self.assertEqual(self.ok("post", channel="@bob", body="again")["channel"], "@bob")
+        self.assertEqual([m["body"] for m in self.ok("read", who="bob")["messages"]],
+                         ["psst", "again"])
+        self.assertEqual(self.ok("read", who="carol")["messages"], [])
+        self.refused(404, "post", to="nobody", body="x")
+        self.refused(404, "post", to="agora", body="x")
+        self.refused(400, "post", to="bob", channel="public", body="x")
+
+    def test_posting_follows_the_channel(self):
+        self.ok("create_channel", who="bob", name="dev")
+        self.ok("post", channel="dev", body="hi")
+        self.assertTrue({c["name"]: c for c in self.ok("channels")["channels"]}
+                        ["dev"]["following"])
+        self.ok("post", who="bob", channel="dev", body="answer")
+        self.assertEqual([m["body"] for m in self.ok("read")["messages"]], ["answer"])
+
+    def test_dedup_within_ten_seconds(self):
+        first = self.ok("post", body="same", now=T0)
+        again = self.ok("post", body="same", now=T0 + 9)
+        self.assertEqual((again["id"], again["dup"]), (first["id"], True))
+        self.assertFalse(first["dup"])
+        self.assertFalse(self.ok("post", body="same", now=T0 + 11)["dup"])
+        self.assertFalse(self.ok("post", who="bob", body="same", now=T0 + 11)["dup"])
+        self.assertFalse(self.ok("post", body="same", reply_to=first["id"], now=T0 + 11)["dup"])
+
+    def test_reply_to_must_be_visible(self):
+        self.ok("brief", who="carol")
+        secret = self.ok("post", who="bob", to="carol", body="private")["id"]
+        self.refused(404, "post", body="x", reply_to=secret)
+        self.refused(404, "post", body="x", reply_to=999)
+        self.ok("post", who="carol", body="ok", reply_to=secret)
+
+    def test_read_wait_returns_when_a_thread_posts(self):
+        self.ok("brief", who="bob")
+        results = []
+        waiter = threading.Thread(target=lambda: results.append(
+            self.call("read", who="bob", wait=20)))
+        started = time.monotonic()
+        waiter.start()
+        time.sleep(0.2)
+        self.ok("post", body="wake up")
+        waiter.join(10)
+        self.assertLess(time.monotonic() - started, 5)
+        self.assertEqual([m["body"] for m in results[0].body["messages"]], ["wake up"])
+
+    def test_read_wait_wakes_on_a_post_from_another_process(self):
+        self.ok("brief", who="bob")
+        self.ok("brief", who="alice")
+        results = []
+        waiter = threading.Thread(target=lambda: results.append(
+            self.call("read", who="bob", wait=20)))
+        started = time.monotonic()
+        waiter.start()
+        time.sleep(0.3)
+        subprocess.run([sys.executable, AGORA, "post", "body=from afar", "--as", "alice",
+                        "--db", self.db], check=True, capture_output=True)
+        waiter.join(15)
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertEqual([m["body"] for m in results[0].body["messages"]], ["from afar"])
+
+    def test_read_wait_times_out_empty(self):
+        started = time.monotonic()
+        result = self.call("read", wait=1)
+        self.assertGreaterEqual(time.monotonic() - started, 0.9)
+        self.assertEqual(result.body, {"messages": [], "remaining": 0})
+        self.assertIn("nothing new", result.text)
+
+
+class HistoryTest(StoreCase):
+
+    def test_channel_history_pages_backwards(self):
+        ids = [self.ok("post", body=f"m{i}", now=T0 + i * 20)["id"] for i in range(5)]
+        page = self.ok("history", channel="public", limit=2)
+        self.assertEqual([m["id"] for m in page["messages"]], ids[3:])
+        self.assertTrue(page["more"])
+        page = self.ok("history", channel="public", limit=2, before=ids[3])
+        self.assertEqual([m["id"] for m in page["messages"]], ids[1:3])
+        page = self.ok("history", channel="public", limit=2, before=ids[1])
+        self.assertEqual(([m["id"] for m in page["messages"]], page["more"]), (ids[:1], False))
+        self.refused(404, "history", channel="nope")
+
+    def test_history_moves_no_cursor(self):
+        self.ok("brief", who="bob")
+        self.ok("post", body="x")
+        self.ok("history", who="bob", channel="public")
+        self.assertEqual(len(self.ok("read", who="bob")["messages"]), 1)
+
+    def test_conversation_view_with_read_marks(self):
+        self.ok("brief", who="bob")
+        first = self.ok("post", to="bob", body="one")["id"]
+        self.ok("read", who="bob")
+        second = self.ok("post", to="bob", body="two")["id"]
+        reply = self.ok("post", who="bob", to="alice", body="re")["id"]
+        self.ok("post", who="carol", to="alice", body="not bob")
+        self.ok("post", who="bob", to="carol", body="not alice")
+        messages = self.ok("history", channel="@bob")["messages"]
+        self.assertEqual([m["id"] for m in messages], [first, second, reply])
+        self.assertEqual([m.get("read") for m in messages], [True, False, None])
+        self.assertIn("✓read", self.call("history", channel="@bob").text)
+        mailbox = self.ok("history", channel="@alice")["messages"]
+        self.assertEqual([m["body"] for m in mailbox], ["re", "not bob"])
+        self.refused(404, "history", channel="@nobody")
+
+
+class PrivacyTest(StoreCase):
+
+    def setUp(self):
+        super().setUp()
+        self.ok("brief", who="carol")
+        self.secret = self.ok("post", who="bob", to="carol", body="zebra secret")["id"]
+        self.ok("post", who="carol", to="bob", body="zebra answer", reply_to=self.secret)
+
+    def test_nobody_else_sees_a_conversation(self):
+        self.assertEqual(self.ok("history", channel="@bob")["messages"], [])
+        self.assertEqual(self.ok("history", channel="@carol")["messages"], [])
+        self.assertEqual(len(self.ok("history", who="bob", channel="@carol")["messages"]), 2)
+
+    def test_message_is_404_not_403(self):
+        self.assertEqual(self.refused(404, "message", id=self.secret),
+                         self.refused(404, "message", id=99999).replace("99999",
+                                                                        str(self.secret)))
+        body = self.ok("message", who="carol", id=self.secret)
+        self.assertEqual(body["message"]["body"], "zebra secret")
+        self.assertEqual([r["body"] for r in body["replies"]], ["zebra answer"])
+
+    def test_search_hides_other_mailboxes(self):
+        self.assertEqual(self.ok("search", q="zebra")["hits"], [])
+        self.assertEqual(len(self.ok("search", who="bob", q="zebra")["hits"]), 2)
+
+    def test_read_never_delivers_anothers_mail(self):
+        self.assertEqual(self.ok("read")["messages"], [])
+
+
+class MessageTest(StoreCase):
+
+    def test_message_with_replies(self):
+        root = self.ok("post", body="question")["id"]
+        self.ok("post", who="bob", body="answer", reply_to=root)
+        self.ok("post", who="carol", to="bob", body="aside", reply_to=root)
+        body = self.ok("message", id=root)
+        self.assertEqual(body["message"]["body"], "question")
+        self.assertEqual([r["body"] for r in body["replies"]], ["answer"])
+        self.assertEqual(len(self.ok("message", who="bob", id=root)["replies"]), 2)
+
+
+class SearchTest(StoreCase):
+
+    def test_search_every_kind_with_snippets(self):
+        self.ok("post", body="the parser is broken again")
+        self.ok("post_task", title="fix the parser", body="it chokes on unicode")
+        self.ok("write_note", key="design/parser", body="a recursive descent parser")
+        hits = self.ok("search", q="parser")["hits"]
+        self.assertEqual(sorted(h["kind"] for h in hits), ["message", "note", "task"])
+        for hit in hits:
+            self.assertIn("parser", hit["snippet"].lower())
+        self.assertEqual([h["kind"] for h in self.ok("search", q="parser", scope="tasks")
+                          ["hits"]], ["task"])
+        note = self.ok("search", q="recursive", scope="notes")["hits"][0]
+        self.assertEqual((note["project"], note["key"], note["version"]),
+                         ("", "design/parser", 1))
+        self.assertEqual(len(self.ok("search", q="parser", limit=1)["hits"]), 1)
+
+    def test_search_is_safe_with_punctuation(self):
+        self.ok("post", body='he said "quote" AND (x OR y) near-by')
+        for query in ['"quote', "AND (", "near-by", "*", "x OR"]:
+            self.assertEqual(self.call("search", q=query).status, 200, query)
+        self.refused(400, "search", q="   ")
+
+    def test_deleted_notes_are_not_found(self):
+        self.ok("write_note", key="gone", body="walrus")
+        self.ok("delete_note", key="gone")
+        self.assertEqual(self.ok("search", q="walrus")["hits"], [])
+
+    def test_notes_search_follows_rewrites(self):
+        self.ok("write_note", key="k", body="old words")
+        self.ok("write_note", key="k", body="new words")
+        self.assertEqual(self.ok("search", q="old")["hits"], [])
+        self.assertEqual(len(self.ok("search", q="new")["hits"]), 1)
+
+
+class LikeSearchTest(SearchTest):
+    """The same searches where SQLite has no FTS5: the LIKE fallback."""
+
+    fts = False
+
+    def test_store_has_no_fts(self):
+        self.assertFalse(self.store.fts)
+
+
+class TaskTest(StoreCase):
+
+    def test_post_task_and_list_views(self):
+        low = self.ok("post_task", title="low", priority=-5)["id"]
+        high = self.ok("post_task", title="high", priority=10, tags="ui, bug")["id"]
+        mid = self.ok("post_task", who="bob", title="mid", tags=["bug"])["id"]
+        ids = lambda **a: [t["id"] for t in self.ok("tasks", **a)["tasks"]]
+        self.assertEqual(ids(), [high, mid, low])
+        self.assertEqual(ids(tag="bug"), [high, mid])
+        self.assertEqual(ids(which="posted"), [high, low])
+        self.ok("claim", who="bob", id=low)
+        self.assertEqual(ids(which="mine", who="bob"), [low])
+        self.ok("done", who="bob", id=low, result="ok")
+        self.assertEqual(ids(which="done"), [low])
+        self.assertEqual(ids(which="all"), [mid, high, low])
+        task = self.ok("task", id=high)["task"]
+        self.assertEqual(task["tags"], ["bug", "ui"])
+        self.assertEqual(set(task), {"id", "title", "body", "tags", "poster", "status", "owner",
+                                     "lease_until", "result", "priority", "created",
+                                     "updated"})
+        self.refused(404, "task", id=999)
+        self.refused(400, "tasks", which="someday")
+
+    def test_claim_best_by_priority_then_age_and_by_tag(self):
+        first = self.ok("post_task", title="a", priority=1)["id"]
+        second = self.ok("post_task", title="b", priority=1)["id"]
+        tagged = self.ok("post_task", title="c", tags="ops")["id"]
+        self.assertEqual(self.ok("claim", who="bob")["task"]["id"], first)
+        self.assertEqual(self.ok("claim", who="bob", tag="ops")["task"]["id"], tagged)
+        self.assertEqual(self.ok("claim", who="bob")["task"]["id"], second)
+        self.assertIn("no open task", self.refused(404, "claim", who="bob"))
+        self.assertIn("tagged ops", self.refused(404, "claim", who="bob", tag="ops"))
+        self.refused(400, "claim", id=first, tag="ops")
+
+    def test_claim_by_id_conflicts(self):
+        task = self.ok("post_task", title="t")["id"]
+        claimed = self.ok("claim", who="bob", id=task, lease=300, now=T0)["task"]
+        self.assertEqual((claimed["status"], claimed["owner"], claimed["lease_until"]),
+                         ("claimed", "bob", T0 + 300))
+        result = self.call("claim", who="carol", id=task, now=T0 + 60)
+        self.assertEqual(result.status, 409)
+        self.assertIn("bob", result.body["error"])
+        self.assertIn("4m", result.body["error"])
+        self.assertEqual(result.body["owner"], "bob")
+        self.refused(409, "claim", who="bob", id=task)
+        self.refused(404, "claim", who="bob", id=999)
+
+    def test_lease_expiry_reopens_the_task(self):
+        task = self.ok("post_task", title="t")["id"]
+        self.ok("claim", who="bob", id=task, lease=60, now=T0)
+        self.assertEqual(self.ok("tasks", now=T0 + 59)["tasks"], [])
+        shown = self.ok("tasks", now=T0 + 60)["tasks"]
+        self.assertEqual([(t["id"], t["status"], t["owner"]) for t in shown],
+                         [(task, "open", None)])
+        self.assertEqual(self.ok("tasks", who="bob", which="mine", now=T0 + 60)["tasks"], [])
+        # Nobody else took it: bob may still extend.
+        self.assertEqual(self.ok("extend", who="bob", id=task, lease=60, now=T0 + 70)
+                         ["task"]["lease_until"], T0 + 130)
+        # Once carol claims the expired task, bob has lost it.
+        self.ok("claim", who="carol", id=task, now=T0 + 200)
+        self.refused(403, "extend", who="bob", id=task, now=T0 + 201)
+        self.refused(403, "done", who="bob", id=task, now=T0 + 201)
+
+    def test_extend_done_release_need_the_holder(self):
+        task = self.ok("post_task", title="t")["id"]
+        self.refused(409, "extend", who="bob", id=task)
+        self.refused(409, "done", who="bob", id=task)
+        self.ok("claim", who="bob", id=task)
+        for op in ("extend", "done", "release"):
+            self.refused(403, op, who="carol", id=task)
+        released = self.ok("release", who="bob", id=task, note="stuck")["task"]
+        self.assertEqual((released["status"], released["owner"]), ("open", None))
+        self.ok("claim", who="carol", id=task)
+        failed = self.ok("done", who="carol", id=task, result="no way", failed=True)["task"]
+        self.assertEqual((failed["status"], failed["result"]), ("failed", "no way"))
+        self.refused(409, "claim", who="bob", id=task)
+        self.refused(409, "release", who="carol", id=task)
+
+    def test_cancel_by_poster_only(self):
+        task = self.ok("post_task", title="t")["id"]
+        self.refused(403, "cancel", who="bob", id=task)
+        self.ok("claim", who="bob", id=task)
+        self.assertEqual(self.ok("cancel", id=task)["task"]["status"], "cancelled")
+        self.refused(409, "cancel", id=task)
+        self.refused(409, "claim", who="carol", id=task)
+        done = self.ok("post_task", title="d")["id"]
+        self.ok("claim", who="bob", id=done)
+        self.ok("done", who="bob", id=done)
+        self.refused(409, "cancel", id=done)
+
+    def test_system_messages_tell_poster_and_holder(self):
+        self.ok("brief")
+        self.ok("brief", who="bob")
+        one = self.ok("post_task", title="one")["id"]
+        two = self.ok("post_task", title="two")["id"]
+        self.ok("claim", who="bob", id=one)
+        self.ok("release", who="bob", id=one, note="blocked on CI")
+        self.ok("claim", who="bob", id=one)
+        self.ok("done", who="bob", id=one, result="shipped")
+        self.ok("claim", who="bob", id=two)
+        self.ok("cancel", id=two)
+        mail = self.ok("read")["messages"]
+        self.assertEqual({m["sender"] for m in mail}, {"agora"})
+        texts = " | ".join(m["body"] for m in mail)
+        for expected in ("bob claimed", "released", "blocked on CI", "as done: shipped"):
+            self.assertIn(expected, texts)
+        bob_mail = self.ok("read", who="bob")["messages"]
+        self.assertEqual(len(bob_mail), 1)
+        self.assertIn(f"cancelled task #{two}", bob_mail[0]["body"])
+        self.assertEqual(bob_mail[0]["sender"], "agora")
+
+    def test_own_claim_sends_no_system_mail(self):
+        self.ok("brief")
+        task = self.ok("post_task", title="mine")["id"]
+        self.ok("claim", id=task)
+        self.ok("done", id=task)
+        self.assertEqual(self.ok("read")["messages"], [])
+
+    def test_claim_race_between_threads_has_one_winner(self):
+        task = self.ok("post_task", title="contested")["id"]
+        barrier = threading.Barrier(8)
+        statuses = []
+
+        def claimer(i):
+            barrier.wait()
+            statuses.append(self.call("claim", who=f"agent{i}", id=task).status)
+        threads = [threading.Thread(target=claimer, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(sorted(statuses), [200] + [409] * 7)
+
+
+class NoteTest(StoreCase):
+
+    def test_revisions_and_compare_and_set(self):
+        first = self.ok("write_note", key="design/api", body="v1", version=0)["note"]
+        self.assertEqual((first["version"], first["author"], first["deleted"]), (1, "alice", False))
+        self.refused(409, "write_note", key="design/api", body="x", version=0)
+        result = self.call("write_note", who="bob", key="design/api", body="x", version=5)
+        self.assertEqual((result.status, result.body["version"]), (409, 1))
+        self.ok("write_note", who="bob", key="design/api", body="v2", version=1)
+        self.ok("write_note", key="design/api", body="v3")
+        self.assertEqual(self.ok("read_note", key="design/api")["note"]["body"], "v3")
+        old = self.ok("read_note", key="design/api", version=2)["note"]
+        self.assertEqual((old["body"], old["author"]), ("v2", "bob"))
+        self.refused(404, "read_note", key="design/api", version=9)
+        self.refused(404, "read_note", key="nothing")
+
+    def test_delete_leaves_a_tombstone_and_old_revisions(self):
+        self.ok("write_note", key="k", body="text")
+        deleted = self.ok("delete_note", key="k")["note"]
+        self.assertEqual((deleted["version"], deleted["deleted"]), (2, True))
+        self.assertIn("last version is 1", self.refused(404, "read_note", key="k"))
+        self.assertEqual(self.ok("read_note", key="k", version=1)["note"]["body"], "text")
+        self.assertTrue(self.ok("read_note", key="k", version=2)["note"]["deleted"])
+        self.assertEqual(self.ok("notes")["notes"], [])
+        self.refused(404, "delete_note", key="k")
+        self.refused(409, "write_note", key="k", body="x", version=2)
+        again = self.ok("write_note", key="k", body="back", version=0)["note"]
+        self.assertEqual(again["version"], 3)
+
+    def test_projects_and_listing(self):
+        self.ok("write_note", key="b", body="12345")
+        self.ok("write_note", key="a", body="x", project="web")
+        self.assertEqual([n["key"] for n in self.ok("notes")["notes"]], ["b"])
+        self.assertEqual([(n["project"], n["key"]) for n in self.ok("notes", all=True)["notes"]],
+                         [("", "b"), ("web", "a")])
+        listed = self.ok("notes")["notes"][0]
+        self.assertNotIn("body", listed)
+        self.assertEqual(listed["size"], 5)
+        self.refused(404, "read_note", key="a")
+        self.assertEqual(self.ok("read_note", key="a", project="web")["note"]["body"], "x")
+
+    def test_key_rules(self):
+        for key in ("../etc", "a/../b", "a/.", ".", "/abs", "a//b", "a/", "Up", "a b"):
+            self.refused(400, "write_note", key=key, body="x")
+        for key in ("a/b.c/d-e_f", ".env", "a/..b", "x" * 48):
+            self.ok("write_note", key=key, body="x")
+        self.refused(400, "write_note", key="x" * 49, body="x")
+
+
+###############################################################################
+# Validation, limits and errors ###############################################
+###############################################################################
+
+class ValidationTest(StoreCase):
+
+    def test_every_limit_names_its_argument(self):
+        cases = [
+            ("post", {"body": ""}, "body"),
+            ("post", {"body": "x" * 16385}, "body"),
+            ("post_task", {"title": ""}, "title"),
+            ("post_task", {"title": "x" * 201}, "title"),
+            ("post_task", {"title": "t", "body": "x" * 16385}, "body"),
+            ("post_task", {"title": "t", "priority": 1001}, "priority"),
+            ("post_task", {"title": "t", "priority": -1001}, "priority"),
+            ("post_task", {"title": "t", "tags": "Bad"}, "tags"),
+            ("brief", {"status": "x" * 201}, "status"),
+            ("profile", {"about": "x" * 501}, "about"),
+            ("search", {"q": "x" * 201}, "q"),
+            ("agents", {"limit": 201}, "limit"),
+            ("agents", {"limit": 0}, "limit"),
+            ("claim", {"lease": 0}, "lease"),
+            ("claim", {"lease": 86401}, "lease"),
+            ("read", {"wait": 61}, "wait"),
+            ("create_channel", {"name": "x" * 49}, "name"),
+            ("create_channel", {"name": "@dev"}, "name"),
+            ("write_note", {"key": "k", "body": "x" * 16385}, "body"),
+            ("write_note", {"key": "k", "body": "x", "project": "Big"}, "project"),
+            ("done", {"id": 1, "result": "x" * 16385}, "result"),
+            ("post", {"body": "a\x00b"}, "body"),
+            ("post", {"body": 5}, "body"),
+            ("task", {"id": "seven"}, "id"),
+            ("task", {"id": True}, "id"),
+            ("task", {"id": 2 ** 63}, "id"),
+            ("done", {"id": 1, "failed": "maybe"}, "failed"),
+        ]
+        for op, args, name in cases:
+            with self.subTest(op=op, args=str(args)[:60]):
+                result = agora.call(self.store, op, args, agora.Caller("alice", True), T0)
+                self.assertEqual(result.status, 400, result.text)
+                self.assertTrue(result.body["error"].startswith(name), result.body["error"])
+
+    def test_limits_at_the_edge_pass(self):
+        self.ok("post", body="x" * 16384)
+        self.ok("post_task", title="x" * 200, body="y" * 16384, priority=1000)
+        self.ok("agents", limit=200)
+        self.ok("claim", lease=86400)
+
+    def test_missing_and_unknown_arguments(self):
+        self.assertEqual(self.refused(400, "post"), "body is required")
+        error = self.refused(400, "post", body="x", chanel="public")
+        self.assertIn("chanel", error)
+        self.assertIn("takes body, channel", self.call("post", body="x", chanel="p").text)
+
+    def test_strings_are_typed_by_the_schema(self):
+        task = self.ok("post_task", title="t", priority="7", tags="a,b")["id"]
+        self.assertEqual(self.ok("task", id=str(task))["task"]["priority"], 7)
+        self.ok("claim", id=float(task))
+        self.ok("done", id=task, failed="true")
+        self.assertEqual(self.ok("task", id=task)["task"]["status"], "failed")
+
+    def test_null_means_absent(self):
+        self.assertEqual(self.ok("post", body="x", channel=None)["channel"], "public")
+
+    def test_unknown_operation_is_404(self):
+        self.assertEqual(self.call("fly").status, 404)
+
+    def test_operations_need_an_identity(self):
+        result = agora.call(self.store, "read", {}, agora.Caller(None, True))
+        self.assertEqual(result.status, 401)
+        result = agora.call(self.store, "read", {}, agora.Caller(None, False, "bogus"))
+        self.assertEqual((result.status, result.body["error"]), (401, "unknown token"))
+        self.assertEqual(self.call("brief", who="Bad Name").status, 400)
+
+    def test_a_handler_bug_is_a_500_with_the_traceback_in_the_log(self):
+        def broken(store, caller, args, now):
+            raise ZeroDivisionError("boom")
+        original = agora.CATALOG["channels"]
+        agora.CATALOG["channels"] = original._replace(handler=broken)
+        self.addCleanup(agora.CATALOG.__setitem__, "channels", original)
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            result = self.call("channels")
+        self.assertEqual(result.status, 500)
+        self.assertNotIn("boom", result.body["error"])
+        self.assertIn("ZeroDivisionError: boom", stderr.getvalue())
+
+    def test_strict_json(self):
+        for bad in (b'{"a": NaN}', b'{"a": Infinity}', b'{"a": 1e999}',
+                    b'{"a": 99999999999999999999}', b"[" * 40 + b"]" * 40,
+                    b"[" * 100000, b"\xff"):
+            with self.subTest(bad=bad[:20]):
+                with self.assertRaises(ValueError):
+                    agora.parse_json(bad)
+        self.assertEqual(agora.parse_json(b'{"a": [1, 2.5, "x"]}'), {"a": [1, 2.5, "x"]})
+
+    def test_every_operation_has_a_docstring_and_a_valid_name(self):
+        self.assertEqual(len(agora.CATALOG), 25)
+        for op in agora.CATALOG.values():
+            self.assertRegex(op.name, r"^[a-z0-9_]{1,64}$")
+            self.assertTrue(op.handler.__doc__, op.name)
+            self.assertTrue(op.summary.endswith("."), op.name)
+
+
+class StoreFileTest(unittest.TestCase):
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.path = os.path.join(self.dir, "x.db")
+
+    def test_pragmas(self):
+        store = agora.Store(self.path)
+        self.addCleanup(store.close)
+        with store.transaction() as db:
+            self.assertEqual(db.execute("PRAGMA journal_mode").fetchone()[0], "wal")
+            self.assertEqual(db.execute("PRAGMA synchronous").fetchone()[0], 2)
+            self.assertEqual(db.execute("PRAGMA user_version").fetchone()[0],
+                             agora.SCHEMA_VERSION)
+
+    def test_newer_schema_is_refused(self):
+        agora.Store(self.path).close()
+        con = sqlite3.connect(self.path)
+        con.execute(f"PRAGMA user_version = {agora.SCHEMA_VERSION + 1}")
+        con.close()
+        with self.assertRaises(agora.StoreError) as caught:
+            agora.Store(self.path)
+        self.assertIn("newer agora", caught.exception.message)
+
+    def test_not_a_database(self):
+        with open(self.path, "wb") as f:
+            f.write(b"this is not sqlite at all" * 100)
+        with self.assertRaises(agora.StoreError) as caught:
+            agora.Store(self.path)
+        self.assertIn(self.path, caught.exception.message)
+
+    def test_foreign_sqlite_file(self):
+        con = sqlite3.connect(self.path)
+        con.execute("CREATE TABLE other (x)")
+        con.close()
+        with self.assertRaises(agora.StoreError) as caught:
+            agora.Store(self.path)
+        self.assertIn("not an agora database", caught.exception.message)
+
+    def test_reopen_keeps_data(self):
+        store = agora.Store(self.path)
+        agora.call(store, "post", {"body": "kept"}, agora.Caller("a", True))
+        store.close()
+        store = agora.Store(self.path)
+        self.addCleanup(store.close)
+        result = agora.call(store, "history", {"channel": "public"}, agora.Caller("a", True))
+        self.assertEqual([m["body"] for m in result.body["messages"]], ["kept"])
+
+    def test_closed_store_refuses(self):
+        store = agora.Store(self.path)
+        store.close()
+        self.assertEqual(agora.call(store, "agents", {}, agora.Caller("a", True)).status, 500)
+
+
+###############################################################################
+# Races across processes ######################################################
+###############################################################################
+
+CLAIMER = """
+import sys, agora
+store = agora.Store(sys.argv[1])
+won = []
+while True:
+    result = agora.call(store, "claim", {}, agora.Caller(sys.argv[2], True))
+    if result.status == 404:
+        break
+    assert result.status == 200, result
+    won.append(result.body["task"]["id"])
+store.close()
+print(" ".join(map(str, won)))
+"""
+
+DRAINER = """
+import sys, time, agora
+store = agora.Store(sys.argv[1])
+got = []
+quiet_since = time.monotonic()
+while time.monotonic() - quiet_since < 1.5:
+    result = agora.call(store, "read", {"limit": 7, "wait": 1}, agora.Caller("inbox", True))
+    assert result.status == 200, result
+    if result.body["messages"]:
+        quiet_since = time.monotonic()
+    got += [m["id"] for m in result.body["messages"]]
+store.close()
+print(" ".join(map(str, got)))
+"""
+
+
+class ProcessRaceTest(StoreCase):
+
+    def spawn(self, script, *args):
+        return subprocess.Popen([sys.executable, "-c", script, self.db, *args], cwd=HERE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def test_claims_across_processes_one_winner_per_task(self):
+        ids = [self.ok("post_task", title=f"t{i}")["id"] for i in range(60)]
+        workers = [self.spawn(CLAIMER, f"worker{i}") for i in range(4)]
+        won = []
+        for worker in workers:
+            out, err = worker.communicate(timeout=60)
+            self.assertEqual(worker.returncode, 0, err)
+            won += [int(x) for x in out.split()]
+        self.assertEqual(sorted(won), ids)
+
+    def test_inbox_drained_by_several_processes_gets_each_message_once(self):
+        self.ok("brief", who="inbox")
+        readers = [self.spawn(DRAINER) for _ in range(3)]
+        sent = []
+        for i in range(150):
+            sent.append(self.ok("post", who=f"w{i % 3}", to="inbox", body=f"m{i}",
+                                now=int(time.time()))["id"])
+        got = []
+        for reader in readers:
+            out, err = reader.communicate(timeout=60)
+            self.assertEqual(reader.returncode, 0, err)
+            got += [int(x) for x in out.split()]
+        self.assertEqual(sorted(got), sent)
+
+    def test_inbox_drained_by_threads_gets_each_message_once(self):
+        self.ok("brief", who="inbox")
+        for i in range(200):
+            self.ok("post", who="w", to="inbox", body=f"m{i}")
+        got, lock = [], threading.Lock()
+
+        def drain():
+            while True:
+                messages = self.ok("read", who="inbox", limit=3)["messages"]
+                if not messages:
+                    return
+                with lock:
+                    got.extend(m["id"] for m in messages)
+        threads = [threading.Thread(target=drain) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(len(got), 200)
+        self.assertEqual(len(set(got)), 200)
+
+
+###############################################################################
+# REST end to end #############################################################
+###############################################################################
+
+class ServerCase(unittest.TestCase):
+    """A real agora server on port 0 in a thread."""
+
+    join_key = None
+    allow_hosts = ()
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.store = agora.Store(os.path.join(self.dir, "agora.db"), join_key=self.join_key)
+        self.server = agora.make_server(self.store, "127.0.0.1", 0, self.allow_hosts,
+                                        quiet=True)
+        self.port = self.server.server_address[1]
+        thread = threading.Thread(target=self.server.serve_forever, args=(0.05,))
+        thread.start()
+
+        def stop():
+            self.server.shutdown()
+            self.server.server_close()
+            thread.join()
+            self.store.close()
+        self.addCleanup(stop)
+
+    def request(self, method, path, body=None, token=None, headers=None, raw=None):
+        """Send one request on a new connection; answer (status, headers, parsed body)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        self.addCleanup(conn.close)
+        sent = dict(headers or {})
+        if token:
+            sent["Authorization"] = f"Bearer {token}"
+        payload = raw if raw is not None else (
+            json.dumps(body).encode() if body is not None else None)
+        conn.request(method, path, body=payload, headers=sent)
+        response = conn.getresponse()
+        data = response.read()
+        kind = response.getheader("Content-Type", "")
+        parsed = json.loads(data) if kind.startswith("application/json") else data.decode()
+        return response.status, response, parsed
+
+    def join(self, name):
+        status, _, body = self.request("POST", "/api/join", {"name": name})
+        self.assertEqual(status, 200, body)
+        return body["token"]
+
+
+class RestTest(ServerCase):
+
+    def test_join_post_read_over_rest(self):
+        alice, bob = self.join("alice"), self.join("bob")
+        status, _, body = self.request("POST", "/api/post", {"body": "hi bob"}, alice)
+        self.assertEqual((status, body["dup"]), (200, False))
+        status, _, body = self.request("POST", "/api/read", {}, bob)
+        self.assertEqual([m["body"] for m in body["messages"]], ["hi bob"])
+        status, _, body = self.request("GET", "/api/history?channel=public&limit=5", token=bob)
+        self.assertEqual((status, len(body["messages"])), (200, 1))
+
+    def test_empty_post_body_is_no_arguments(self):
+        token = self.join("alice")
+        status, _, body = self.request("POST", "/api/brief", token=token, raw=b"")
+        self.assertEqual((status, body["agent"]), (200, "alice"))
+
+    def test_get_api_lists_the_catalog_without_a_token(self):
+        status, _, body = self.request("GET", "/api")
+        self.assertEqual(status, 200)
+        self.assertEqual([op["name"] for op in body["ops"]], list(agora.CATALOG))
+        post = body["ops"][[op["name"] for op in body["ops"]].index("post")]
+        self.assertEqual(post["schema"], agora.CATALOG["post"].schema)
+        self.assertEqual(body["agora"], agora.__version__)
+
+    def test_statuses(self):
+        token = self.join("alice")
+        self.assertEqual(self.request("GET", "/api/fly")[0], 404)
+        status, response, _ = self.request("GET", "/api/post", token=token)
+        self.assertEqual((status, response.getheader("Allow")), (405, "POST"))
+        self.assertEqual(self.request("PUT", "/api/agents", {}, token)[0], 405)
+        self.assertEqual(self.request("POST", "/api/post", raw=b"[1]", token=token)[0], 400)
+        self.assertEqual(self.request("POST", "/api/post", raw=b"{bad", token=token)[0], 400)
+        self.assertEqual(self.request("POST", "/api/post", raw=b'{"body": NaN}',
+                                      token=token)[0], 400)
+        self.assertEqual(self.request("POST", "/api/post", {"body": ""}, token)[0], 400)
+        status, response, body = self.request("GET", "/nothing")
+        self.assertEqual((status, body), (404, "not found\n"))
+        self.assertTrue(response.getheader("Content-Type").startswith("text/plain"))
+
+    def test_401_carries_www_authenticate(self):
+        status, response, body = self.request("POST", "/api/read", {})
+        self.assertEqual(status, 401)
+        self.assertEqual(response.getheader("WWW-Authenticate"), 'Bearer realm="agora"')
+        self.assertIn("hint", body)
+        self.assertEqual(self.request("POST", "/api/read", {}, "wrong")[0], 401)
+
+    def test_413_without_reading_the_body(self):
+        token = self.join("alice")
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        self.addCleanup(conn.close)
+        conn.putrequest("POST", "/api/post")
+        conn.putheader("Content-Length", str(agora.MAX_REQUEST_BODY + 1))
+        conn.putheader("Authorization", f"Bearer {token}")
+        conn.endheaders()
+        response = conn.getresponse()
+        self.assertEqual(response.status, 413)
+        self.assertEqual(response.getheader("Connection"), "close")
+
+    def test_a_body_at_the_limit_is_read(self):
+        token = self.join("alice")
+        payload = json.dumps({"body": "x" * 16384, "pad": " " * 100}).encode()
+        payload = payload[:-1] + b" " * (agora.MAX_REQUEST_BODY - len(payload)) + b"}"
+        status, _, body = self.request("POST", "/api/post", raw=payload, token=token)
+        self.assertEqual(status, 400)               # pad is no argument: read, then refused
+        self.assertIn("pad", body["error"])
+
+    def test_keep_alive_serves_many_requests_on_one_connection(self):
+        token = self.join("alice")
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        self.addCleanup(conn.close)
+        for i in range(20):
+            conn.request("POST", "/api/post", body=json.dumps({"body": f"m{i}"}),
+                         headers={"Authorization": f"Bearer {token}"})
+            response = conn.getresponse()
+            self.assertEqual(response.status, 200)
+            response.read()
+        status, _, body = self.request("GET", "/api/history?channel=public&limit=50", token=token)
+        self.assertEqual(len(body["messages"]), 20)
+
+    def test_host_and_origin_checks(self):
+        port = self.port
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+            self.assertEqual(self.request("GET", "/api", headers={"Host": host})[0], 200, host)
+        self.assertEqual(self.request("GET", "/api", headers={"Host": "evil.com"})[0], 403)
+        self.assertEqual(self.request("GET", "/api", headers={"Host": f"localhost:{port + 1}"})
+                         [0], 403)
+        ok = {"Origin": f"http://127.0.0.1:{port}"}
+        self.assertEqual(self.request("GET", "/api", headers=ok)[0], 200)
+        for origin in ("http://evil.example.com", f"http://evil.com:{port}", "null"):
+            self.assertEqual(self.request("GET", "/api", headers={"Origin": origin})[0], 403)
+
+    def test_read_wait_over_rest_wakes_on_post(self):
+        alice, bob = self.join("alice"), self.join("bob")
+        results = []
+        waiter = threading.Thread(target=lambda: results.append(
+            self.request("POST", "/api/read", {"wait": 20}, bob)))
+        started = time.monotonic()
+        waiter.start()
+        time.sleep(0.2)
+        self.request("POST", "/api/post", {"body": "now"}, alice)
+        waiter.join(10)
+        self.assertLess(time.monotonic() - started, 5)
+        self.assertEqual([m["body"] for m in results[0][2]["messages"]], ["now"])
+
+    def test_client_hang_up_leaves_no_traceback(self):
+        import socket
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            for payload in (b"POST /api/post HTTP/1.1\r\nContent-Length: 100\r\n\r\n{",
+                            b"GET /api HTTP/1.1\r\n"):
+                sock = socket.create_connection(("127.0.0.1", self.port))
+                sock.sendall(payload)
+                sock.close()
+            time.sleep(0.3)
+            self.assertEqual(self.request("GET", "/api")[0], 200)
+        self.assertNotIn("Traceback", stderr.getvalue())
+
+
+class JoinKeyServerTest(ServerCase):
+
+    join_key = "sesame"
+
+    def test_remote_join_needs_the_key(self):
+        self.assertEqual(self.request("POST", "/api/join", {"name": "a"})[0], 403)
+        self.assertEqual(self.request("POST", "/api/join", {"name": "a", "key": "x"})[0], 403)
+        status, _, body = self.request("POST", "/api/join", {"name": "a", "key": "sesame"})
+        self.assertEqual(status, 200)
+        # Rotating one's own token needs the token, not the key.
+        status, _, again = self.request("POST", "/api/join", {"name": "a"}, body["token"])
+        self.assertEqual(status, 200)
+        self.assertEqual(self.request("POST", "/api/brief", {}, body["token"])[0], 401)
+        self.assertEqual(self.request("POST", "/api/brief", {}, again["token"])[0], 200)
+
+
+class AllowHostServerTest(ServerCase):
+
+    allow_hosts = ("agora.example.com",)
+
+    def test_allow_host_adds_a_name(self):
+        host = f"agora.example.com:{self.port}"
+        self.assertEqual(self.request("GET", "/api", headers={"Host": host})[0], 200)
+        self.assertEqual(self.request("GET", "/api", headers={
+            "Host": host, "Origin": f"https://{host}"})[0], 200)
+        self.assertEqual(self.request("GET", "/api", headers={"Host": "other.com"})[0], 403)
+
+
+###############################################################################
+# Command line ################################################################
+###############################################################################
+
+class CliTest(unittest.TestCase):
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.db = os.path.join(self.dir, "agora.db")
+
+    def main(self, *argv, stdin=""):
+        """Run agora.main in process; answer (exit status, stdout, stderr)."""
+        out, err = io.StringIO(), io.StringIO()
+        old_stdin = sys.stdin
+        sys.stdin = io.StringIO(stdin)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = agora.main(list(argv) + ["--db", self.db])
+        finally:
+            sys.stdin = old_stdin
+        return code, out.getvalue(), err.getvalue()
+
+    def test_op_text_and_json(self):
+        code, out, _ = self.main("post", "body=hello there", "--as", "alice")
+        self.assertEqual((code, out), (0, "posted #1 to public\n"))
+        code, out, _ = self.main("history", "channel=public", "--as", "bob", "--json")
+        self.assertEqual(code, 0)
+        self.assertEqual(json.loads(out)["messages"][0]["body"], "hello there")
+
+    def test_values_are_typed_and_body_dash_reads_stdin(self):
+        self.main("post_task", "title=t", "priority=5", "tags=a,b", "--as", "alice")
+        code, out, _ = self.main("task", "id=1", "--as", "alice", "--json")
+        task = json.loads(out)["task"]
+        self.assertEqual((task["priority"], task["tags"]), (5, ["a", "b"]))
+        code, _, _ = self.main("post", "body=-", "--as", "alice", stdin="from stdin\n")
+        self.assertEqual(code, 0)
+        _, out, _ = self.main("history", "channel=public", "--as", "alice", "--json")
+        self.assertEqual(json.loads(out)["messages"][0]["body"], "from stdin")
+
+    def test_exit_statuses(self):
+        code, _, err = self.main("task", "id=99", "--as", "alice")
+        self.assertEqual(code, 1)
+        self.assertIn("no task #99", err)
+        self.assertEqual(self.main("fly", "--as", "alice")[0], 2)
+        code, _, err = self.main("post", "body", "--as", "alice")
+        self.assertEqual(code, 2)
+        self.assertIn("key=value", err)
+        env = os.environ.pop("AGORA_AS", None)
+        self.addCleanup(lambda: env and os.environ.__setitem__("AGORA_AS", env))
+        code, _, err = self.main("post", "body=x")
+        self.assertEqual(code, 2)
+        self.assertIn("--as", err)
+        self.assertEqual(self.main("post", "body=x", "--as", "Bad")[0], 1)
+
+    def test_as_from_environment(self):
+        os.environ["AGORA_AS"] = "envy"
+        self.addCleanup(os.environ.pop, "AGORA_AS")
+        self.main("post", "body=x")
+        _, out, _ = self.main("history", "channel=public", "--json")
+        self.assertEqual(json.loads(out)["messages"][0]["sender"], "envy")
+
+    def test_join_mints_a_token_the_server_accepts(self):
+        code, out, _ = self.main("join", "name=remote", "--json")
+        token = json.loads(out)["token"]
+        store = agora.Store(self.db)
+        self.addCleanup(store.close)
+        self.assertEqual(store.agent_for_token(token), "remote")
+
+    def test_ops_lists_every_operation(self):
+        code, out, _ = self.main("ops")
+        self.assertEqual(code, 0)
+        for name in agora.CATALOG:
+            self.assertRegex(out, rf"(?m)^{name} ")
+        self.assertEqual(self.main("ops", "--markdown")[1], agora.ops_markdown())
+
+    def test_bad_database_file_is_a_clear_error(self):
+        with open(self.db, "w") as f:
+            f.write("garbage" * 1000)
+        code, _, err = self.main("agents", "--as", "a")
+        self.assertEqual(code, 1)
+        self.assertIn("agora:", err)
+        self.assertNotIn("Traceback", err)
+
+    def test_default_path_and_env(self):
+        home = temp_dir(self)
+        env = dict(os.environ, HOME=home)
+        env.pop("AGORA_DB", None)
+        subprocess.run([sys.executable, AGORA, "post", "body=x", "--as", "a"], env=env,
+                       check=True, capture_output=True)
+        self.assertTrue(os.path.exists(os.path.join(home, ".agora", "agora.db")))
+        env["AGORA_DB"] = os.path.join(home, "other.db")
+        subprocess.run([sys.executable, AGORA, "post", "body=x", "--as", "a"], env=env,
+                       check=True, capture_output=True)
+        self.assertTrue(os.path.exists(env["AGORA_DB"]))
+
+    def test_subprocess_op_is_lazy_and_exits_cleanly(self):
+        script = ("import sys, agora; code = agora.main(sys.argv[1:]); "
+                  "print(sorted(m for m in ('http.server', 'socketserver', 'argparse') "
+                  "if m in sys.modules), file=sys.stderr); sys.exit(code)")
+        done = subprocess.run([sys.executable, "-c", script, "post", "body=hi", "--as", "a",
+                               "--db", self.db], cwd=HERE, capture_output=True, text=True)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout, "posted #1 to public\n")
+        self.assertEqual(done.stderr.strip(), "['argparse']")
+
+
+class ServeCommandTest(unittest.TestCase):
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.db = os.path.join(self.dir, "agora.db")
+
+    def test_serve_prints_its_address_and_stops_cleanly_on_sigterm(self):
+        server = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
+                                   "--db", self.db], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        line = server.stdout.readline()
+        match = re.fullmatch(r"agora \S+ listening on http://127\.0\.0\.1:(\d+) \(db (.+)\)\n",
+                             line)
+        self.assertTrue(match, line)
+        self.assertEqual(match.group(2), self.db)
+        conn = http.client.HTTPConnection("127.0.0.1", int(match.group(1)), timeout=10)
+        conn.request("POST", "/api/join", body='{"name": "x"}')
+        self.assertEqual(conn.getresponse().status, 200)
+        conn.close()
+        server.terminate()
+        _, err = server.communicate(timeout=10)
+        self.assertEqual(server.returncode, 0)
+        self.assertNotIn("Traceback", err)
+        self.assertRegex(err, r"rest - join 200 \d+ms")
+        self.assertNotIn("agora_", err)
+
+    def test_non_loopback_needs_a_join_key_or_open(self):
+        done = subprocess.run([sys.executable, AGORA, "serve", "--addr", "0.0.0.0:0",
+                               "--db", self.db], capture_output=True, text=True, timeout=20,
+                              env=dict(os.environ, AGORA_JOIN_KEY=""))
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("join key", done.stderr)
+
+
+class DocsTest(unittest.TestCase):
+
+    def test_readme_operations_table_matches_the_catalog(self):
+        with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+            readme = f.read()
+        block = re.search(r"(?s)<!-- ops -->\n(.*?)<!-- /ops -->", readme)
+        self.assertIsNotNone(block, "README.md lacks the <!-- ops --> block")
+        self.assertEqual(block.group(1), agora.ops_markdown(), "run 'make docs'")
+
+
+def run():
+    """Run every test and end with a 'N passed, N failed' line; answer the exit status."""
+    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
+    result = unittest.TextTestRunner(verbosity=1).run(suite)
+    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
+    passed = result.testsRun - failed - len(result.skipped)
+    print(f"{passed} passed, {failed} failed" + (f", {len(result.skipped)} skipped"
+                                                 if result.skipped else ""))
+    return 0 if result.wasSuccessful() and result.testsRun else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run())
