@@ -1038,6 +1038,27 @@ class RestTest(ServerCase):
         self.assertNotIn("Traceback", stderr.getvalue())
 
 
+class SlowClientTest(ServerCase):
+
+    def setUp(self):
+        super().setUp()
+        self.server.RequestHandlerClass.timeout = 0.5
+
+    def test_idle_and_slow_connections_time_out(self):
+        import socket
+        idle = socket.create_connection(("127.0.0.1", self.port))
+        slow = socket.create_connection(("127.0.0.1", self.port))
+        self.addCleanup(idle.close)
+        self.addCleanup(slow.close)
+        slow.sendall(b"GET /api HTTP/1.1\r\nHost: 127.0.0.1\r\n")   # never finished
+        self.assertEqual(self.request("GET", "/api")[0], 200)        # others are served
+        for sock in (idle, slow):
+            sock.settimeout(5)
+            started = time.monotonic()
+            self.assertEqual(sock.recv(100), b"")                       # closed by the server
+            self.assertLess(time.monotonic() - started, 4)
+
+
 class JoinKeyServerTest(ServerCase):
 
     join_key = "sesame"
@@ -1197,6 +1218,16 @@ class ServeCommandTest(unittest.TestCase):
         self.assertNotIn("Traceback", err)
         self.assertRegex(err, r"rest - join 200 \d+ms")
         self.assertNotIn("agora_", err)
+
+    def test_ctrl_c_stops_cleanly(self):
+        import signal
+        server = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
+                                   "--db", self.db, "--quiet"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        self.assertIn("listening on", server.stdout.readline())
+        server.send_signal(signal.SIGINT)
+        _, err = server.communicate(timeout=10)
+        self.assertEqual((server.returncode, err), (0, ""))
 
     def test_non_loopback_needs_a_join_key_or_open(self):
         done = subprocess.run([sys.executable, AGORA, "serve", "--addr", "0.0.0.0:0",
