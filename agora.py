@@ -508,7 +508,7 @@ def _integer(low, high, description=None, default=None):
     return rule
 
 
-ID = _integer(1, 2 ** 63 - 1)
+ID = {"type": "integer", "minimum": 1}
 NAME = _string(1, 48, pattern=SLUG)
 LIMIT = _integer(1, 200, default=20)
 LEASE = _integer(1, 86400, "seconds", default=600)
@@ -874,7 +874,7 @@ def _visible_message(db, message_id, me):
             "channel": _string(1, 49, "default public; @agent is direct mail",
                                pattern=CHANNEL_OR_MAILBOX),
             "to": _string(1, 48, "an agent: direct mail", pattern=SLUG),
-            "reply_to": _integer(1, 2 ** 63 - 1, "the message id this answers")},
+            "reply_to": dict(ID, description="the message id this answers")},
            required=["body"])
 def op_post(store, caller, args, now):
     """Store one message, or answer the identical one posted moments ago."""
@@ -955,8 +955,8 @@ def op_read(store, caller, args, now):
 @operation("history", "Past messages of a channel, newest page first (oldest first within "
            "it); @agent is your conversation with that agent. Moves no cursor.",
            {"channel": _string(1, 49, "a channel, or @agent", pattern=CHANNEL_OR_MAILBOX),
-            "before": _integer(0, 2 ** 63 - 1, "only ids below this; 0 = newest",
-                               default=0),
+            "before": {"type": "integer", "minimum": 0, "default": 0,
+                       "description": "only ids below this; 0 = newest"},
             "limit": LIMIT},
            required=["channel"], readonly=True)
 def op_history(store, caller, args, now):
@@ -1432,8 +1432,8 @@ def _check_value(name, rule, value):
             raise BadRequest(f"{name} must be an integer")
         if value < rule["minimum"]:
             raise BadRequest(f"{name} must be at least {rule['minimum']}")
-        if value > rule["maximum"]:
-            raise BadRequest(f"{name} must be at most {rule['maximum']}")
+        if value > rule.get("maximum", 2 ** 63 - 1):
+            raise BadRequest(f"{name} must be at most {rule.get('maximum', 2 ** 63 - 1)}")
         return value
     if kind == "boolean":
         if isinstance(value, str) and value.lower() in TRUE_WORDS:
@@ -1489,6 +1489,19 @@ def validate(op, args):
     return checked
 
 
+def ensure_local_agent(store, name, now):
+    """Check a local identity (CLI, stdio) and create its agent on first use."""
+    _check_value("--as", NAME, name)
+    if name == SYSTEM_SENDER:
+        raise Forbidden(f"{SYSTEM_SENDER} is reserved for the board's own messages")
+    with store.transaction() as db:
+        known = _agent_exists(db, name)
+    if not known:
+        with store.transaction(write=True) as db:
+            if not _agent_exists(db, name):
+                _create_agent(db, name, now)
+
+
 def identify(store, op, caller, now):
     """Answer the caller with its agent name resolved, or raise Unauthorized.
 
@@ -1501,15 +1514,7 @@ def identify(store, op, caller, now):
             if op.open:
                 return caller
             raise Unauthorized(f"{op.name} needs an identity", hint="pass --as NAME")
-        _check_value("--as", NAME, caller.name)
-        if caller.name == SYSTEM_SENDER:
-            raise Forbidden(f"{SYSTEM_SENDER} is reserved for the board's own messages")
-        with store.transaction() as db:
-            known = _agent_exists(db, caller.name)
-        if not known:
-            with store.transaction(write=True) as db:
-                if not _agent_exists(db, caller.name):
-                    _create_agent(db, caller.name, now)
+        ensure_local_agent(store, caller.name, now)
         return caller
     if caller.name is None and not op.open:
         if caller.token:
@@ -1564,7 +1569,201 @@ def call(store, name, args=None, caller=Caller(local=True), now=None):
 
 
 ###############################################################################
-# REST over HTTP ##############################################################
+# MCP: the catalog as tools, over JSON-RPC ####################################
+###############################################################################
+
+# Revisions that open with an initialize handshake; the first is the newest.
+MCP_HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+# The stateless revision: no handshake, every request names its version in _meta.
+MCP_STATELESS_VERSION = "2026-07-28"
+MCP_VERSIONS = (MCP_STATELESS_VERSION,) + MCP_HANDSHAKE_VERSIONS
+MCP_META = "io.modelcontextprotocol/"
+
+MCP_INSTRUCTIONS = (
+    "Agora is where agents meet: channels, direct mail, a task board with leases and "
+    "shared notes. Call brief first, and again whenever you wake: it says what waits "
+    "for you and what to do next. read delivers your new messages (wait=N blocks for mail).")
+
+RpcReply = namedtuple("RpcReply", "status message label")
+RpcReply.__doc__ = """A JSON-RPC answer: its HTTP status, the message (None for none), a log label."""
+
+
+class RpcError(Exception):
+    """A JSON-RPC error answer, with the HTTP status it travels under."""
+
+    def __init__(self, code, message, data=None, http_status=200):
+        super().__init__(message)
+        self.code, self.message, self.data, self.http_status = code, message, data, http_status
+
+
+def mcp_tools():
+    """Answer the catalog as MCP tools, in catalog order."""
+    # Hints at their defaults are left out: the whole list must stay small.
+    return [{"name": op.name, "description": op.summary, "inputSchema": op.schema,
+             "annotations": ({"readOnlyHint": True, "idempotentHint": True}
+                             if op.readonly else {"destructiveHint": False})
+             | {"openWorldHint": False}}
+            for op in CATALOG.values()]
+
+
+def _rpc_error(message_id, code, message, data=None):
+    error = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": message_id, "error": error}
+
+
+def _mcp_discover(store, params, caller):
+    return {"supportedVersions": list(MCP_VERSIONS),
+            "capabilities": {"tools": {"listChanged": False}},
+            "instructions": MCP_INSTRUCTIONS,
+            "_meta": {MCP_META + "serverInfo": {"name": "agora", "version": __version__}}}
+
+
+def _mcp_initialize(store, params, caller):
+    requested = params.get("protocolVersion")
+    # Never refuse: answer the newest revision we speak and let the client decide.
+    version = requested if requested in MCP_HANDSHAKE_VERSIONS else MCP_HANDSHAKE_VERSIONS[0]
+    return {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
+            "serverInfo": {"name": "agora", "version": __version__},
+            "instructions": MCP_INSTRUCTIONS}
+
+
+def _mcp_ping(store, params, caller):
+    return {}
+
+
+def _mcp_tools_list(store, params, caller):
+    if params.get("cursor") is not None:
+        raise RpcError(-32602, "unknown cursor: every tool comes in one page")
+    return {"tools": mcp_tools()}
+
+
+def _mcp_tools_call(store, params, caller):
+    name = params.get("name")
+    if not isinstance(name, str) or name not in CATALOG:
+        raise RpcError(-32602, f"Unknown tool: {str(name)[:60]}")
+    arguments = params.get("arguments")
+    result = call(store, name, {} if arguments is None else arguments, caller)
+    if result.status == 401 and not caller.local:
+        raise RpcError(-32600, result.text, http_status=401)
+    if result.status >= 400:
+        return {"content": [{"type": "text", "text": result.text}], "isError": True}
+    return {"content": [{"type": "text", "text": result.text}],
+            "structuredContent": result.body, "isError": False}
+
+
+MCP_METHODS = {
+    "initialize": _mcp_initialize,
+    "ping": _mcp_ping,
+    "tools/list": _mcp_tools_list,
+    "tools/call": _mcp_tools_call,
+}
+MCP_STATELESS_METHODS = {
+    "server/discover": _mcp_discover,
+    "tools/list": _mcp_tools_list,
+    "tools/call": _mcp_tools_call,
+}
+# Stateless results a client may cache: they say for how long and for whom.
+MCP_CACHEABLE = {"server/discover", "tools/list"}
+
+
+def _header_text(value):
+    """Decode an Mcp-Name style header, which may be =?base64?...?= encoded."""
+    import base64
+    match = re.fullmatch(r"=\?base64\?(.*)\?=", value or "")
+    if not match:
+        return value
+    try:
+        return base64.b64decode(match.group(1), validate=True).decode("utf-8")
+    except ValueError:
+        return None
+
+
+def _check_stateless(method, params, headers):
+    """Refuse a 2026-07-28 request whose _meta or routing headers are wrong."""
+    meta = params.get("_meta")
+    if not (isinstance(meta, dict) and isinstance(meta.get(MCP_META + "protocolVersion"), str)
+            and isinstance(meta.get(MCP_META + "clientCapabilities"), dict)):
+        raise RpcError(-32602, f"_meta must carry {MCP_META}protocolVersion and "
+                               f"{MCP_META}clientCapabilities", http_status=400)
+    version = meta[MCP_META + "protocolVersion"]
+    if headers is not None:
+        expected = [("MCP-Protocol-Version", version), ("Mcp-Method", method)]
+        if method == "tools/call":
+            expected.append(("Mcp-Name", params.get("name")))
+        for header, body_value in expected:
+            sent = headers.get_all(header) or []
+            if len(sent) != 1 or _header_text(sent[0]) != body_value:
+                raise RpcError(-32020, f"Header mismatch: {header} does not match the body",
+                               http_status=400)
+    if version != MCP_STATELESS_VERSION:
+        raise RpcError(-32022, "Unsupported protocol version", http_status=400,
+                       data={"supported": list(MCP_VERSIONS), "requested": version})
+
+
+def mcp_handle(store, data, caller, headers=None):
+    """Answer one JSON-RPC message DATA (bytes) from CALLER; the core of both transports.
+
+    HEADERS are the HTTP request headers, or None over stdio.
+    """
+    try:
+        message = parse_json(data)
+    except ValueError as e:
+        return RpcReply(400, _rpc_error(None, -32700, f"Parse error: {e}"), "parse-error")
+    if not isinstance(message, dict):
+        return RpcReply(400, _rpc_error(None, -32600, "Invalid Request: send one JSON-RPC "
+                                              "object (batches are not supported)"), "invalid")
+    message_id = message.get("id")
+    if "id" in message and (isinstance(message_id, bool)
+                            or not isinstance(message_id, (str, int))):
+        return RpcReply(400, _rpc_error(None, -32600, "Invalid Request: id must be a string "
+                                              "or an integer"), "invalid")
+    method = message.get("method")
+    if method is None and "id" in message and ("result" in message or "error" in message):
+        return RpcReply(202, None, "response")
+    if message.get("jsonrpc") != "2.0" or not isinstance(method, str):
+        return RpcReply(400, _rpc_error(message_id, -32600, "Invalid Request: not a "
+                                                "JSON-RPC 2.0 request"), "invalid")
+    if "id" not in message:
+        return RpcReply(202, None, method)
+    label = method
+    try:
+        params = message.get("params")
+        params = {} if params is None else params
+        if not isinstance(params, dict):
+            raise RpcError(-32602, "params must be an object")
+        header_version = headers.get("MCP-Protocol-Version") if headers is not None else None
+        if header_version is not None and header_version not in MCP_VERSIONS:
+            raise RpcError(-32022, "Unsupported protocol version", http_status=400,
+                           data={"supported": list(MCP_VERSIONS), "requested": header_version})
+        meta = params.get("_meta")
+        stateless = (header_version == MCP_STATELESS_VERSION
+                     or isinstance(meta, dict) and MCP_META + "protocolVersion" in meta)
+        if stateless:
+            _check_stateless(method, params, headers)
+        handler = (MCP_STATELESS_METHODS if stateless else MCP_METHODS).get(method)
+        if handler is None:
+            raise RpcError(-32601, f"Method not found: {method[:60]}",
+                           http_status=404 if stateless else 200)
+        if method == "tools/call":
+            label = f"tools/call:{str(params.get('name'))[:48]}"
+        result = handler(store, params, caller)
+        if stateless:
+            result["resultType"] = "complete"
+            if method in MCP_CACHEABLE:
+                result.update(ttlMs=0, cacheScope="public")
+    except RpcError as error:
+        return RpcReply(error.http_status, _rpc_error(message_id, error.code, error.message,
+                                                      error.data), label)
+    except Exception:
+        traceback.print_exc(file=sys.stderr)
+        return RpcReply(500, _rpc_error(message_id, -32603, "Internal error"), label)
+    return RpcReply(200, {"jsonrpc": "2.0", "id": message_id, "result": result}, label)
+
+
+###############################################################################
+# HTTP: REST and MCP ##########################################################
 ###############################################################################
 
 IDLE_TIMEOUT = 30           # seconds a connection may sit idle or stall mid-request
@@ -1592,7 +1791,7 @@ class HTTPFailure(Exception):
 
 
 class RequestHandler:
-    """The HTTP face: routes /api to the catalog; mixed into BaseHTTPRequestHandler.
+    """The HTTP faces: REST at /api, MCP at /mcp; mixed into BaseHTTPRequestHandler.
 
     Kept free of http.server at import time so one-shot CLI calls stay fast;
     make_server() composes the real handler class when a server is wanted.
@@ -1629,7 +1828,6 @@ class RequestHandler:
         self.log_face, self.log_agent, self.log_what = "rest", "-", "-"
         try:
             body = self.read_body()
-            self.check_origin()
             status, payload, headers = self.route(method, body)
         except HTTPFailure as failure:
             if failure.close:
@@ -1674,18 +1872,25 @@ class RequestHandler:
 
     def route(self, method, body):
         """Answer (status, payload bytes, headers) for one request."""
-        from urllib.parse import parse_qsl, urlsplit
+        from urllib.parse import urlsplit
         url = urlsplit(self.path)
-        path = url.path
-        if path in ("/api", "/api/"):
+        if url.path in ("/mcp", "/mcp/"):
+            return self.route_mcp(method, body)
+        if url.path == "/api" or url.path.startswith("/api/"):
+            return self.route_api(method, url, body)
+        return 404, b"not found\n", [("Content-Type", "text/plain; charset=utf-8")]
+
+    def route_api(self, method, url, body):
+        """Answer a REST request: GET /api, or one operation at /api/<op>."""
+        from urllib.parse import parse_qsl
+        self.check_origin()
+        if url.path in ("/api", "/api/"):
             if method != "GET":
                 raise HTTPFailure(405, "GET /api lists the operations",
                                   headers=[("Allow", "GET")])
             self.log_what = "catalog"
             return 200, json_bytes(catalog_json()), []
-        if not path.startswith("/api/"):
-            return 404, b"not found\n", [("Content-Type", "text/plain; charset=utf-8")]
-        name = path[len("/api/"):]
+        name = url.path[len("/api/"):]
         op = CATALOG.get(name)
         if op is None:
             raise HTTPFailure(404, f"no operation {name[:60]!r}; GET /api lists them")
@@ -1697,9 +1902,39 @@ class RequestHandler:
             args = self.parse_arguments(body)
         else:
             raise HTTPFailure(405, f"{name} takes {allow}", headers=[("Allow", allow)])
-        result = self.call(name, args)
-        headers = [("WWW-Authenticate", 'Bearer realm="agora"')] if result.status == 401 else []
-        return result.status, json_bytes(result.body), headers
+        result = call(self.server.store, name, args, self.caller())
+        return result.status, json_bytes(result.body), self.challenge(result.status)
+
+    def route_mcp(self, method, body):
+        """Answer one MCP message over Streamable HTTP (stateless: no sessions)."""
+        self.log_face = "mcp"
+        if method != "POST":
+            # Decided before any header: there is no server-initiated stream.
+            raise HTTPFailure(405, "POST one JSON-RPC message to /mcp",
+                              headers=[("Allow", "POST")])
+        self.check_origin()
+        reply = mcp_handle(self.server.store, body, self.caller(), self.headers)
+        self.log_what = reply.label
+        headers = self.challenge(reply.status)
+        if reply.message is None:
+            return reply.status, b"", headers
+        payload = json_bytes(reply.message)
+        if self.wants_event_stream():
+            headers.append(("Content-Type", "text/event-stream"))
+            payload = b"event: message\ndata: " + payload + b"\n\n"
+        return reply.status, payload, headers
+
+    def wants_event_stream(self):
+        """Answer whether the client accepts only text/event-stream, not JSON."""
+        accepted = {part.split(";")[0].strip().lower()
+                    for part in (self.headers.get("Accept") or "").split(",")}
+        return ("text/event-stream" in accepted and not
+                accepted & {"application/json", "application/*", "*/*"})
+
+    @staticmethod
+    def challenge(status):
+        """Answer the headers a 401 must carry (none otherwise)."""
+        return [("WWW-Authenticate", 'Bearer realm="agora"')] if status == 401 else []
 
     @staticmethod
     def parse_arguments(body):
@@ -1714,16 +1949,16 @@ class RequestHandler:
             raise HTTPFailure(400, "the body must be a JSON object of arguments")
         return args
 
-    def call(self, name, args):
-        """Run one operation as the bearer of this request's token."""
+    def caller(self):
+        """Answer the remote caller this request's bearer token names."""
         caller = bearer_caller(self.server.store, self.headers.get("Authorization"))
         self.log_agent = caller.name or "-"
-        return call(self.server.store, name, args, caller)
+        return caller
 
     def send(self, status, payload, headers):
         """Write one whole answer."""
         self.send_response(status)
-        if not any(key == "Content-Type" for key, _ in headers):
+        if payload and not any(key == "Content-Type" for key, _ in headers):
             self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(payload)))
         for key, value in headers:
@@ -1808,6 +2043,53 @@ def serve(store, host, port, allow_hosts=(), quiet=False):
 
 
 ###############################################################################
+# MCP over stdio ##############################################################
+###############################################################################
+
+STDIO_EXIT_GRACE = 2.0      # seconds calls still running at end of input may finish
+
+
+def serve_stdio(store, caller, stdin, stdout):
+    """Speak MCP as CALLER on binary streams, one JSON message per line; answer 0 at EOF.
+
+    Each request runs in its own thread, so a long read wait=... never holds up
+    a ping or another call arriving on the same input.
+    """
+    write_lock = threading.Lock()
+    running = []
+
+    def write(message):
+        line = json_bytes(message) + b"\n"
+        with write_lock:
+            stdout.write(line)
+            stdout.flush()
+
+    def answer(line):
+        reply = mcp_handle(store, line, caller)
+        if reply.message is not None:
+            write(reply.message)
+
+    while True:
+        line = stdin.readline(MAX_REQUEST_BODY + 1)
+        if not line:
+            break
+        if len(line) > MAX_REQUEST_BODY and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):       # skip the rest of it
+                line = stdin.readline(MAX_REQUEST_BODY)
+            write(_rpc_error(None, -32600, f"message over {MAX_REQUEST_BODY} bytes"))
+            continue
+        if not line.strip():
+            continue
+        worker = threading.Thread(target=answer, args=(line,), daemon=True)
+        worker.start()
+        running = [thread for thread in running if thread.is_alive()] + [worker]
+    deadline = time.monotonic() + STDIO_EXIT_GRACE
+    for thread in running:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return 0
+
+
+###############################################################################
 # Command line ################################################################
 ###############################################################################
 
@@ -1860,6 +2142,10 @@ def _build_parser():
     serve_parser.add_argument("--allow-host", action="append", default=[], metavar="HOST",
                               help="also answer to this Host (repeatable)")
     serve_parser.add_argument("--quiet", action="store_true", help="log no requests")
+    stdio_parser = commands.add_parser("stdio", parents=[common],
+                                       help="speak MCP on stdin/stdout as one agent")
+    stdio_parser.add_argument("--as", dest="as_name", default=os.environ.get("AGORA_AS"),
+                              metavar="NAME", help="act as this agent (default $AGORA_AS)")
     ops_parser = commands.add_parser("ops", parents=[common], help="list the operations")
     ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
     identity = argparse.ArgumentParser(add_help=False)
@@ -1906,6 +2192,24 @@ def _print_ops(markdown):
         print(f"{op.name} {op.usage()}{flags}\n    {op.summary}")
 
 
+def _stdio_command(options):
+    if not options.as_name:
+        print("agora: stdio needs --as NAME (or $AGORA_AS)", file=sys.stderr)
+        return 2
+    store = Store(getattr(options, "db", None) or default_db_path())
+    protocol_out, sys.stdout = sys.stdout, sys.stderr   # stray prints must not reach stdout
+    try:
+        ensure_local_agent(store, options.as_name, int(time.time()))
+        return serve_stdio(store, Caller(options.as_name, True), sys.stdin.buffer,
+                           protocol_out.buffer)
+    except AgoraError as error:
+        print(f"agora: {error.message}", file=sys.stderr)
+        return 2
+    finally:
+        sys.stdout = protocol_out
+        store.close()
+
+
 def _serve_command(options):
     try:
         host, port = _parse_address(options.addr)
@@ -1932,6 +2236,8 @@ def main(argv=None):
     try:
         if options.command == "serve":
             return _serve_command(options)
+        if options.command == "stdio":
+            return _stdio_command(options)
         if options.command == "ops":
             _print_ops(options.markdown)
             return 0

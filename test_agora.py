@@ -1088,6 +1088,366 @@ class AllowHostServerTest(ServerCase):
 
 
 ###############################################################################
+# MCP over HTTP and stdio #####################################################
+###############################################################################
+
+class McpHttpTest(ServerCase):
+
+    def rpc(self, method, params=None, message_id=1, token=None, headers=None, path="/mcp"):
+        """Send one JSON-RPC request to /mcp; answer (status, response, parsed body)."""
+        message = {"jsonrpc": "2.0", "id": message_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        sent = {"Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream"}
+        sent.update(headers or {})
+        return self.request("POST", path, message, token, sent)
+
+    def tool(self, name, arguments=None, token=None):
+        status, _, body = self.rpc("tools/call", {"name": name, "arguments": arguments or {}},
+                                   token=token)
+        self.assertEqual(status, 200, body)
+        return body["result"]
+
+    def test_initialize_negotiates_without_ever_refusing(self):
+        for asked, answered in [("2025-11-25", "2025-11-25"), ("2025-06-18", "2025-06-18"),
+                                ("2025-03-26", "2025-03-26"), ("2024-11-05", "2024-11-05"),
+                                ("1999-01-01", "2025-11-25"), (None, "2025-11-25")]:
+            params = {"capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+            if asked:
+                params["protocolVersion"] = asked
+            status, response, body = self.rpc("initialize", params, message_id=0)
+            self.assertEqual((status, body["id"]), (200, 0))
+            result = body["result"]
+            self.assertEqual(result["protocolVersion"], answered)
+            self.assertEqual(result["serverInfo"], {"name": "agora", "version": agora.__version__})
+            self.assertIn("tools", result["capabilities"])
+            self.assertIn("brief", result["instructions"])
+            self.assertIsNone(response.getheader("Mcp-Session-Id"))
+
+    def test_ping_any_time_and_ids_echoed(self):
+        for message_id in (0, 7, "abc", ""):
+            status, _, body = self.rpc("ping", message_id=message_id)
+            self.assertEqual((status, body["id"], body["result"]), (200, message_id, {}))
+
+    def test_notifications_get_202_and_no_body(self):
+        status, response, body = self.request(
+            "POST", "/mcp", {"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.assertEqual((status, body), (202, ""))
+        status, _, body = self.request("POST", "/mcp", {"jsonrpc": "2.0", "id": 3, "result": {}})
+        self.assertEqual((status, body), (202, ""))
+
+    def test_tools_list_is_the_catalog_in_one_small_page(self):
+        status, _, body = self.rpc("tools/list")
+        tools = body["result"]["tools"]
+        self.assertNotIn("nextCursor", body["result"])
+        self.assertEqual([tool["name"] for tool in tools], list(agora.CATALOG))
+        self.assertLess(len(json.dumps(body)), 12000)
+        for tool in tools:
+            op = agora.CATALOG[tool["name"]]
+            self.assertRegex(tool["name"], r"^[a-z0-9_]{1,64}$")
+            self.assertEqual(tool["inputSchema"], op.schema)
+            self.assertEqual(tool["inputSchema"]["type"], "object")
+            self.assertNotIn("outputSchema", tool)
+            hints = tool["annotations"]
+            self.assertEqual(hints.get("readOnlyHint", False), op.readonly)
+            self.assertEqual(hints.get("idempotentHint", False), op.readonly)
+            self.assertFalse(hints.get("destructiveHint", True) and not op.readonly)
+            self.assertIs(hints["openWorldHint"], False)
+        status, _, body = self.rpc("tools/list", {"cursor": "page2"})
+        self.assertEqual(body["error"]["code"], -32602)
+
+    def test_tools_call_success_and_refusal(self):
+        token = self.join("alice")
+        result = self.tool("post", {"body": "via mcp"}, token)
+        self.assertFalse(result["isError"])
+        self.assertEqual(result["structuredContent"]["channel"], "public")
+        self.assertEqual(result["content"], [{"type": "text", "text":
+                                              f"posted #{result['structuredContent']['id']} "
+                                              "to public"}])
+        refused = self.tool("post", {"body": ""}, token)
+        self.assertTrue(refused["isError"])
+        self.assertNotIn("structuredContent", refused)
+        self.assertIn("body", refused["content"][0]["text"])
+        self.assertTrue(self.tool("task", {"id": 42}, token)["isError"])
+
+    def test_protocol_errors(self):
+        status, _, body = self.rpc("tools/call", {"name": "fly", "arguments": {}})
+        self.assertEqual(body["error"]["code"], -32602)
+        status, _, body = self.rpc("resources/list", message_id="x")
+        self.assertEqual((body["id"], body["error"]["code"]), ("x", -32601))
+        status, _, body = self.rpc("tools/call", params=[1, 2])
+        self.assertEqual(body["error"]["code"], -32602)
+        cases = [(b"{nope", -32700), (b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]', -32600),
+                 (b'{"jsonrpc": "1.0", "id": 1, "method": "ping"}', -32600),
+                 (b'{"jsonrpc": "2.0", "id": true, "method": "ping"}', -32600),
+                 (b'{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}', -32600),
+                 (b'{"jsonrpc": "2.0", "id": null, "method": "ping"}', -32600),
+                 (b'{"jsonrpc": "2.0", "id": 1, "method": 5}', -32600),
+                 (b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "x": NaN}', -32700),
+                 (b"7", -32600)]
+        for raw, code in cases:
+            with self.subTest(raw=raw):
+                status, _, body = self.request("POST", "/mcp", raw=raw,
+                                               headers={"Content-Type": "application/json"})
+                self.assertEqual(body["error"]["code"], code)
+                self.assertEqual(status, 400)
+                if code == -32700:
+                    self.assertIsNone(body["id"])
+
+    def test_get_and_delete_are_405_before_anything_else(self):
+        for method in ("GET", "DELETE"):
+            status, response, _ = self.request(method, "/mcp", headers={
+                "Accept": "text/html", "Origin": "http://evil.example.com"})
+            self.assertEqual((status, response.getheader("Allow")), (405, "POST"))
+
+    def test_accept_is_lenient_and_sse_only_clients_get_one_event(self):
+        for accept in (None, "*/*", "application/json", "application/json, text/event-stream"):
+            headers = {"Accept": accept} if accept else {}
+            status, response, body = self.rpc("ping", headers=headers)
+            self.assertEqual((status, body["result"]), (200, {}))
+        status, response, body = self.rpc("ping", headers={"Accept": "text/event-stream"})
+        self.assertEqual(response.getheader("Content-Type"), "text/event-stream")
+        self.assertRegex(body, r'^event: message\ndata: \{.*"result":\{\}\}\n\n$')
+
+    def test_sessions_are_neither_issued_nor_required(self):
+        status, response, body = self.rpc("ping", headers={"Mcp-Session-Id": "stale-123"})
+        self.assertEqual((status, body["result"]), (200, {}))
+        self.assertIsNone(response.getheader("Mcp-Session-Id"))
+
+    def test_protocol_version_header(self):
+        for version in agora.MCP_HANDSHAKE_VERSIONS:
+            self.assertEqual(self.rpc("ping", headers={"MCP-Protocol-Version": version})[0], 200)
+        status, _, body = self.rpc("ping", headers={"MCP-Protocol-Version": "2099-01-01"})
+        self.assertEqual(status, 400)
+        self.assertIn("error", body)
+
+    def test_identity(self):
+        for method, params in (("initialize", {"protocolVersion": "2025-11-25"}), ("ping", None),
+                               ("tools/list", None)):
+            self.assertEqual(self.rpc(method, params)[0], 200, method)
+        status, response, body = self.rpc("tools/call", {"name": "brief"})
+        self.assertEqual(status, 401)
+        self.assertEqual(response.getheader("WWW-Authenticate"), 'Bearer realm="agora"')
+        self.assertEqual(self.rpc("tools/call", {"name": "brief"}, token="bogus")[0], 401)
+        result = self.tool("join", {"name": "newbie"})
+        token = result["structuredContent"]["token"]
+        self.assertEqual(self.tool("brief", token=token)["structuredContent"]["agent"], "newbie")
+
+    def test_early_answers_keep_the_connection_usable(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        self.addCleanup(conn.close)
+        call = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                           "params": {"name": "brief", "arguments": {"pad": "x" * 5000}}})
+        for expected in (401, 401):
+            conn.request("POST", "/mcp", body=call, headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            response.read()
+            self.assertEqual(response.status, expected)
+        conn.request("POST", "/mcp", body=json.dumps({"jsonrpc": "2.0", "id": 2,
+                                                      "method": "ping"}))
+        self.assertEqual(json.loads(conn.getresponse().read())["result"], {})
+
+    def test_oauth_discovery_is_a_plain_404(self):
+        for path in ("/.well-known/oauth-authorization-server",
+                     "/.well-known/oauth-protected-resource",
+                     "/.well-known/oauth-protected-resource/mcp"):
+            status, response, _ = self.request("GET", path)
+            self.assertEqual(status, 404)
+            self.assertTrue(response.getheader("Content-Type").startswith("text/plain"))
+
+    def test_trailing_slash_and_origin(self):
+        self.assertEqual(self.rpc("ping", path="/mcp/")[0], 200)
+        self.assertEqual(self.rpc("ping", headers={"Origin": "http://evil.example.com"})[0], 403)
+        self.assertEqual(self.rpc("ping", headers={"Host": "evil.example.com"})[0], 403)
+
+
+class McpStatelessTest(ServerCase):
+    """The 2026-07-28 revision on the same endpoint: no handshake, _meta on every request."""
+
+    VERSION = "2026-07-28"
+
+    def modern(self, method, params=None, token=None, headers=None, version=VERSION,
+               message_id=1):
+        params = dict(params or {})
+        params["_meta"] = {"io.modelcontextprotocol/protocolVersion": version,
+                           "io.modelcontextprotocol/clientCapabilities": {}}
+        sent = {"Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+                "MCP-Protocol-Version": version, "Mcp-Method": method}
+        if method == "tools/call":
+            sent["Mcp-Name"] = params.get("name")
+        sent.update(headers or {})
+        message = {"jsonrpc": "2.0", "id": message_id, "method": method, "params": params}
+        return self.request("POST", "/mcp", message, token,
+                            {k: v for k, v in sent.items() if v is not None})
+
+    def test_discover(self):
+        status, _, body = self.modern("server/discover")
+        self.assertEqual(status, 200)
+        result = body["result"]
+        self.assertEqual(result["resultType"], "complete")
+        self.assertEqual(result["supportedVersions"][0], self.VERSION)
+        self.assertIn("2025-11-25", result["supportedVersions"])
+        self.assertIn("tools", result["capabilities"])
+        self.assertEqual((result["ttlMs"], result["cacheScope"]), (0, "public"))
+        self.assertEqual(result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "agora")
+        self.assertIn("brief", result["instructions"])
+
+    def test_tools_list_and_call_carry_result_type(self):
+        status, _, body = self.modern("tools/list")
+        result = body["result"]
+        self.assertEqual((result["resultType"], result["ttlMs"], result["cacheScope"]),
+                         ("complete", 0, "public"))
+        self.assertEqual(len(result["tools"]), len(agora.CATALOG))
+        token = self.join("alice")
+        status, _, body = self.modern("tools/call", {"name": "post",
+                                                     "arguments": {"body": "modern"}}, token)
+        self.assertEqual(body["result"]["resultType"], "complete")
+        self.assertFalse(body["result"]["isError"])
+        self.assertNotIn("ttlMs", body["result"])
+        status, _, body = self.modern("tools/call", {"name": "post", "arguments": {}}, token)
+        self.assertEqual((body["result"]["resultType"], body["result"]["isError"]),
+                         ("complete", True))
+        status, response, _ = self.modern("tools/call", {"name": "brief"})
+        self.assertEqual(status, 401)
+
+    def test_base64_names_are_decoded(self):
+        import base64
+        token = self.join("alice")
+        encoded = "=?base64?" + base64.b64encode(b"brief").decode() + "?="
+        status, _, body = self.modern("tools/call", {"name": "brief"}, token,
+                                      headers={"Mcp-Name": encoded})
+        self.assertEqual((status, body["result"]["isError"]), (200, False))
+
+    def test_header_mismatch_is_32020(self):
+        token = self.join("alice")
+        for headers in ({"Mcp-Method": "tools/list"}, {"Mcp-Method": None},
+                        {"MCP-Protocol-Version": "2025-11-25"},
+                        {"Mcp-Name": "post"}, {"Mcp-Name": None}):
+            with self.subTest(headers=headers):
+                method = "tools/call"
+                status, _, body = self.modern(method, {"name": "brief"}, token, headers)
+                self.assertEqual((status, body["error"]["code"]), (400, -32020))
+
+    def test_unsupported_version_is_32022(self):
+        status, _, body = self.modern("tools/list", version="2027-01-01")
+        self.assertEqual((status, body["error"]["code"]), (400, -32022))
+        self.assertEqual(body["error"]["data"]["requested"], "2027-01-01")
+        self.assertIn(self.VERSION, body["error"]["data"]["supported"])
+        status, _, body = self.request("POST", "/mcp", {"jsonrpc": "2.0", "id": 1,
+                                                        "method": "ping"},
+                                       headers={"MCP-Protocol-Version": "2099-01-01"})
+        self.assertEqual((status, body["error"]["code"]), (400, -32022))
+
+    def test_missing_meta_is_32602(self):
+        status, _, body = self.request("POST", "/mcp", {"jsonrpc": "2.0", "id": 1,
+                                                        "method": "tools/list"},
+                                       headers={"MCP-Protocol-Version": self.VERSION,
+                                                "Mcp-Method": "tools/list"})
+        self.assertEqual((status, body["error"]["code"]), (400, -32602))
+
+    def test_unknown_method_is_404_and_handshake_methods_are_gone(self):
+        for method in ("resources/list", "ping", "initialize"):
+            status, response, body = self.modern(method)
+            self.assertEqual((status, body["error"]["code"]), (404, -32601), method)
+            self.assertTrue(response.getheader("Content-Type").startswith("application/json"))
+
+    def test_handshake_clients_still_work_after_a_discover_probe(self):
+        status, _, body = self.request("POST", "/mcp", {"jsonrpc": "2.0", "id": 1,
+                                                        "method": "server/discover"})
+        self.assertEqual(body["error"]["code"], -32601)
+        status, _, body = self.request("POST", "/mcp", {"jsonrpc": "2.0", "id": 2,
+                                                        "method": "initialize",
+                                                        "params": {"protocolVersion":
+                                                                   "2025-11-25"}})
+        self.assertEqual(body["result"]["protocolVersion"], "2025-11-25")
+        self.assertNotIn("resultType", body["result"])
+
+
+class McpStdioTest(unittest.TestCase):
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.db = os.path.join(self.dir, "agora.db")
+
+    def start(self, *extra):
+        process = subprocess.Popen([sys.executable, AGORA, "stdio", "--db", self.db, *extra],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+        self.addCleanup(lambda: process.poll() is None and process.kill())
+        self.addCleanup(process.stdout.close)
+        self.addCleanup(process.stderr.close)
+        return process
+
+    @staticmethod
+    def send(process, message_id, method, params=None):
+        message = {"jsonrpc": "2.0", "id": message_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        process.stdin.write(json.dumps(message).encode() + b"\n")
+        process.stdin.flush()
+
+    def test_a_session_over_stdio(self):
+        process = self.start("--as", "sam")
+        self.send(process, 0, "initialize", {"protocolVersion": "2025-06-18"})
+        process.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n\n')
+        self.send(process, 1, "tools/list")
+        self.send(process, 2, "tools/call", {"name": "post", "arguments": {"body": "hi"}})
+        self.send(process, 3, "tools/call", {"name": "brief"})
+        process.stdin.write(b"{broken\n")
+        process.stdin.flush()
+        answers = {}
+        for _ in range(5):
+            line = process.stdout.readline()
+            message = json.loads(line)
+            answers[message["id"]] = message
+        process.stdin.close()
+        self.assertEqual(process.wait(10), 0)
+        self.assertEqual(answers[0]["result"]["protocolVersion"], "2025-06-18")
+        self.assertEqual(len(answers[1]["result"]["tools"]), len(agora.CATALOG))
+        self.assertFalse(answers[2]["result"]["isError"])
+        self.assertEqual(answers[3]["result"]["structuredContent"]["agent"], "sam")
+        self.assertEqual(answers[None]["error"]["code"], -32700)
+        self.assertEqual(process.stdout.read(), b"")
+        self.assertNotIn(b"Traceback", process.stderr.read())
+
+    def test_a_long_read_does_not_block_ping(self):
+        process = self.start("--as", "sam")
+        started = time.monotonic()
+        self.send(process, 1, "tools/call", {"name": "read", "arguments": {"wait": 30}})
+        self.send(process, 2, "ping")
+        self.assertEqual(json.loads(process.stdout.readline())["id"], 2)
+        self.assertLess(time.monotonic() - started, 10)
+        subprocess.run([sys.executable, AGORA, "post", "body=wake", "--as", "other",
+                        "--db", self.db], check=True, capture_output=True)
+        answer = json.loads(process.stdout.readline())
+        self.assertEqual(answer["id"], 1)
+        self.assertEqual(answer["result"]["structuredContent"]["messages"][0]["body"], "wake")
+        self.assertLess(time.monotonic() - started, 20)
+        process.stdin.close()
+        self.assertEqual(process.wait(10), 0)
+
+    def test_exits_promptly_at_end_of_input(self):
+        process = self.start("--as", "sam")
+        self.send(process, 1, "tools/call", {"name": "read", "arguments": {"wait": 60}})
+        time.sleep(0.3)
+        started = time.monotonic()
+        process.stdin.close()
+        self.assertEqual(process.wait(10), 0)
+        self.assertLess(time.monotonic() - started, agora.STDIO_EXIT_GRACE + 3)
+
+    def test_needs_an_identity(self):
+        env = dict(os.environ)
+        env.pop("AGORA_AS", None)
+        done = subprocess.run([sys.executable, AGORA, "stdio", "--db", self.db], env=env,
+                              input=b"", capture_output=True, timeout=20)
+        self.assertEqual(done.returncode, 2)
+        self.assertEqual(done.stdout, b"")
+        self.assertIn(b"--as", done.stderr)
+
+
+###############################################################################
 # Command line ################################################################
 ###############################################################################
 
