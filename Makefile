@@ -26,11 +26,15 @@ clean:
 	rm -rf __pycache__ .pytest_cache $(INTEROP)
 
 # Real third-party clients against a real server: the official MCP Python SDK,
-# the MCP Inspector CLI and the MCP conformance suite. They live in .interop/
-# (git-ignored, throwaway); agora.py itself never depends on them.
+# the MCP Inspector CLI, the MCP conformance suite, the A2A SDK and the A2A test
+# kit. They live in .interop/ (git-ignored, throwaway); agora.py never depends on
+# them. The A2A test kit is published on neither PyPI nor npm: A2A_TCK_GIT names
+# a git copy of a2aproject/a2a-tck (branch 1.0-dev is used); without one the kit
+# is left out and the run says so.
 INTEROP = .interop
 NODE22 = 22.23.5
 NPM_FLAGS = --no-audit --no-fund --no-update-notifier --loglevel=error
+A2A_TCK_GIT ?= $(wildcard /work/.mirror/a2aproject+a2a-tck/repo)
 
 .PHONY: interop
 interop: $(INTEROP)/ready
@@ -39,7 +43,14 @@ interop: $(INTEROP)/ready
 $(INTEROP)/ready: Makefile
 	rm -rf $(INTEROP) && mkdir -p $(INTEROP)
 	$(PYTHON) -m venv $(INTEROP)/venv
-	$(INTEROP)/venv/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0
+	$(INTEROP)/venv/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0 \
+	    a2a-sdk==1.3.0 httpx
+	if [ -n "$(A2A_TCK_GIT)" ]; then \
+	    mkdir -p $(INTEROP)/a2a-tck && \
+	    git --git-dir="$(A2A_TCK_GIT)" archive 1.0-dev | tar -x -C $(INTEROP)/a2a-tck && \
+	    $(PYTHON) -m venv $(INTEROP)/tck-venv && \
+	    $(INTEROP)/tck-venv/bin/pip install --quiet --disable-pip-version-check \
+	        -e $(INTEROP)/a2a-tck; fi
 	# Node 22 is needed; take the machine's when it is new enough, else npm's node package.
 	if node -e 'process.exit(+process.versions.node.split(".")[0] >= 22 ? 0 : 1)' 2>/dev/null; \
 	then dirname "$$(command -v node)" > $(INTEROP)/node-path; \

@@ -62,7 +62,7 @@ PATTERN_RULES = {
     PROJECT: '"" or 1-48 characters of a-z 0-9 . _ -',
 }
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE agents (
@@ -166,8 +166,29 @@ END;
 """
 
 # Schema upgrades: MIGRATIONS[n] is the SQL that turns version n into n + 1.
-# Version 1 is the first released schema, so there is nothing to upgrade yet.
-MIGRATIONS = {}
+# A new file gets SCHEMA (version 1) and then every migration, so each one runs
+# on every new file too.
+MIGRATIONS = {
+    # The A2A face's own record of a board task: the client's context and the
+    # message that created it, and the messages sent about it later.
+    1: """
+CREATE TABLE a2a_tasks (
+    task_id INTEGER PRIMARY KEY,
+    context_id TEXT NOT NULL,
+    message_id TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX a2a_tasks_by_context ON a2a_tasks (context_id);
+CREATE TABLE a2a_messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id INTEGER NOT NULL,
+    message_id TEXT NOT NULL,
+    role TEXT NOT NULL,
+    text TEXT NOT NULL,
+    ts INTEGER NOT NULL
+);
+CREATE INDEX a2a_messages_by_task ON a2a_messages (task_id, id);
+""",
+}
 
 ###############################################################################
 # Errors ######################################################################
@@ -332,7 +353,7 @@ class Store:
                 if con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
                     raise StoreError(f"{self.path} is an SQLite file but not an agora database")
                 self._create(con, fts)
-                version = SCHEMA_VERSION
+                version = 1
             for step in range(version, SCHEMA_VERSION):
                 for statement in sql_statements(MIGRATIONS[step]):
                     con.execute(statement)
@@ -401,17 +422,17 @@ class Store:
         with self.transaction() as db:
             return db.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]
 
-    def wait_for_message(self, after_id, timeout):
-        """Block until a message newer than AFTER_ID exists, or TIMEOUT seconds pass.
+    def wait(self, ready, timeout):
+        """Block until READY() is true or TIMEOUT seconds pass; answer whether it was.
 
-        A post from this process wakes the waiter at once; a post from another
+        A write from this process wakes the waiter at once; one from another
         process on the same file is seen within WAIT_POLL seconds.
         """
         deadline = time.monotonic() + timeout
         while True:
             with self._changed:
                 generation = self._generation
-            if self.last_message_id() > after_id:
+            if ready():
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
@@ -944,7 +965,7 @@ def op_read(store, caller, args, now):
         left = deadline - time.monotonic()
         if messages or left <= 0:
             break
-        store.wait_for_message(newest, left)
+        store.wait(lambda: store.last_message_id() > newest, left)
     lines = [_message_line(message, now) for message in messages]
     if remaining:
         lines.append(f"({remaining} more waiting: read again)")
@@ -1593,9 +1614,47 @@ RpcReply.__doc__ = """A JSON-RPC answer: its HTTP status, the message (None for 
 class RpcError(Exception):
     """A JSON-RPC error answer, with the HTTP status it travels under."""
 
-    def __init__(self, code, message, data=None, http_status=200):
+    def __init__(self, code, message, data=None, http_status=200, request_id=None):
         super().__init__(message)
-        self.code, self.message, self.data, self.http_status = code, message, data, http_status
+        self.code, self.message, self.data = code, message, data
+        self.http_status, self.request_id = http_status, request_id
+
+
+RpcRequest = namedtuple("RpcRequest", "id method params")
+RpcRequest.__doc__ = """One JSON-RPC request: its id, method name and params object."""
+
+
+def read_rpc(data):
+    """Answer the JSON-RPC 2.0 request in DATA, or None for a notification or a response.
+
+    Anything else raises RpcError: -32700 for bad JSON, -32600 for a message
+    that is not one request object (batches included), -32602 for bad params.
+    """
+    try:
+        message = parse_json(data)
+    except ValueError as e:
+        raise RpcError(-32700, f"Parse error: {e}", http_status=400) from None
+    if not isinstance(message, dict):
+        raise RpcError(-32600, "Invalid Request: send one JSON-RPC object "
+                               "(batches are not supported)", http_status=400)
+    request_id = message.get("id")
+    if "id" in message and (isinstance(request_id, bool)
+                            or not isinstance(request_id, (str, int))):
+        raise RpcError(-32600, "Invalid Request: id must be a string or an integer",
+                       http_status=400)
+    method = message.get("method")
+    if method is None and "id" in message and ("result" in message or "error" in message):
+        return None
+    if message.get("jsonrpc") != "2.0" or not isinstance(method, str):
+        raise RpcError(-32600, "Invalid Request: not a JSON-RPC 2.0 request",
+                       http_status=400, request_id=request_id)
+    if "id" not in message:
+        return None
+    params = message.get("params")
+    params = {} if params is None else params
+    if not isinstance(params, dict):
+        raise RpcError(-32602, "params must be an object", request_id=request_id)
+    return RpcRequest(request_id, method, params)
 
 
 def mcp_tools():
@@ -1709,32 +1768,13 @@ def mcp_handle(store, data, caller, headers=None):
 
     HEADERS are the HTTP request headers, or None over stdio.
     """
+    request, label = None, "invalid"
     try:
-        message = parse_json(data)
-    except ValueError as e:
-        return RpcReply(400, _rpc_error(None, -32700, f"Parse error: {e}"), "parse-error")
-    if not isinstance(message, dict):
-        return RpcReply(400, _rpc_error(None, -32600, "Invalid Request: send one JSON-RPC "
-                                              "object (batches are not supported)"), "invalid")
-    message_id = message.get("id")
-    if "id" in message and (isinstance(message_id, bool)
-                            or not isinstance(message_id, (str, int))):
-        return RpcReply(400, _rpc_error(None, -32600, "Invalid Request: id must be a string "
-                                              "or an integer"), "invalid")
-    method = message.get("method")
-    if method is None and "id" in message and ("result" in message or "error" in message):
-        return RpcReply(202, None, "response")
-    if message.get("jsonrpc") != "2.0" or not isinstance(method, str):
-        return RpcReply(400, _rpc_error(message_id, -32600, "Invalid Request: not a "
-                                                "JSON-RPC 2.0 request"), "invalid")
-    if "id" not in message:
-        return RpcReply(202, None, method)
-    label = method
-    try:
-        params = message.get("params")
-        params = {} if params is None else params
-        if not isinstance(params, dict):
-            raise RpcError(-32602, "params must be an object")
+        request = read_rpc(data)
+        if request is None:
+            return RpcReply(202, None, "notification")
+        method, params = request.method, request.params
+        label = method
         header_version = headers.get("MCP-Protocol-Version") if headers is not None else None
         if header_version is not None and header_version not in MCP_VERSIONS:
             raise RpcError(-32022, "Unsupported protocol version", http_status=400,
@@ -1756,16 +1796,399 @@ def mcp_handle(store, data, caller, headers=None):
             if method in MCP_CACHEABLE:
                 result.update(ttlMs=0, cacheScope="public")
     except RpcError as error:
-        return RpcReply(error.http_status, _rpc_error(message_id, error.code, error.message,
+        request_id = request.id if request else error.request_id
+        return RpcReply(error.http_status, _rpc_error(request_id, error.code, error.message,
                                                       error.data), label)
     except Exception:
         traceback.print_exc(file=sys.stderr)
-        return RpcReply(500, _rpc_error(message_id, -32603, "Internal error"), label)
-    return RpcReply(200, {"jsonrpc": "2.0", "id": message_id, "result": result}, label)
+        return RpcReply(500, _rpc_error(request.id if request else None, -32603,
+                                        "Internal error"), label)
+    return RpcReply(200, {"jsonrpc": "2.0", "id": request.id, "result": result}, label)
 
 
 ###############################################################################
-# HTTP: REST and MCP ##########################################################
+# A2A: the task board as an agent #############################################
+###############################################################################
+
+A2A_DEFAULT_BLOCK = 60      # seconds a blocking SendMessage waits for the task to finish
+A2A_PAGE_SIZE = 50
+A2A_MAX_PAGE_SIZE = 100
+
+# Board state -> A2A state; 1.0 spells states as enums, 0.3 in lowercase.
+A2A_STATES = {"open": "submitted", "claimed": "working", "done": "completed",
+              "failed": "failed", "cancelled": "canceled"}
+A2A_TERMINAL = {"done", "failed", "cancelled"}
+
+# JSON-RPC codes of A2A's own errors, and the ErrorInfo reason 1.0 answers carry.
+A2A_ERRORS = {
+    -32001: "TASK_NOT_FOUND",
+    -32002: "TASK_NOT_CANCELABLE",
+    -32003: "PUSH_NOTIFICATION_NOT_SUPPORTED",
+    -32004: "UNSUPPORTED_OPERATION",
+    -32005: "CONTENT_TYPE_NOT_SUPPORTED",
+    -32007: "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
+    -32009: "VERSION_NOT_SUPPORTED",
+}
+
+
+def agent_card(base_url):
+    """Answer the agent card: one document for A2A 1.0 and 0.3 clients alike."""
+    endpoint = base_url.rstrip("/") + "/a2a"
+    return {
+        "name": "agora",
+        "description": "The agora task board: your message becomes a task that one of the "
+                       "agents here claims, works on and finishes with a result.",
+        "version": __version__,
+        "supportedInterfaces": [
+            {"url": endpoint, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+            {"url": endpoint, "protocolBinding": "JSONRPC", "protocolVersion": "0.3"}],
+        "capabilities": {"streaming": False, "pushNotifications": False},
+        "defaultInputModes": ["text/plain"],
+        "defaultOutputModes": ["text/plain"],
+        "skills": [{"id": "board", "name": "Task board",
+                    "description": "Post a task in plain text (first line = title; "
+                                   "metadata.tags and metadata.priority are honoured); "
+                                   "poll it until an agent completes it.",
+                    "tags": ["tasks", "agents", "coordination"],
+                    "examples": ["Review the parser change and report what breaks"]}],
+        "securitySchemes": {"bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer"},
+                                       "type": "http", "scheme": "bearer"}},
+        "securityRequirements": [{"schemes": {"bearer": {"list": []}}}],
+        # The 0.3 fields, so that 0.3 clients find the endpoint and send the token.
+        "protocolVersion": "0.3.0",
+        "url": endpoint,
+        "preferredTransport": "JSONRPC",
+        "security": [{"bearer": []}],
+    }
+
+
+def _rfc3339(seconds):
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(seconds))
+
+
+def _from_rfc3339(text):
+    """Answer the Unix seconds of an RFC 3339 timestamp, or raise RpcError."""
+    import datetime
+    try:
+        moment = datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        raise RpcError(-32602, f"{str(text)[:40]} is not an RFC 3339 timestamp") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return int(moment.timestamp())
+
+
+def _a2a_state(state, era):
+    return f"TASK_STATE_{state.upper()}" if era == "1.0" else state
+
+
+def _a2a_message(era, role, text, task_id, context_id, message_id):
+    message = {"messageId": message_id, "role": f"ROLE_{role.upper()}" if era == "1.0" else role,
+               "parts": [{"text": text} if era == "1.0" else {"kind": "text", "text": text}],
+               "taskId": str(task_id), "contextId": context_id}
+    if era == "0.3":
+        message["kind"] = "message"
+    return message
+
+
+def _a2a_context(db, task_id):
+    """Answer (context id, message id) the A2A face keeps for a board task."""
+    row = db.execute("SELECT context_id, message_id FROM a2a_tasks WHERE task_id = ?",
+                     (task_id,)).fetchone()
+    return (row[0], row[1]) if row else (f"agora-task-{task_id}", f"agora-task-{task_id}")
+
+
+def a2a_task(store, task, era, history_length=None):
+    """Answer a board task (as the catalog's handlers show it) as an A2A Task."""
+    task_id = task["id"]
+    with store.transaction() as db:
+        context_id, message_id = _a2a_context(db, task_id)
+        later = db.execute("SELECT message_id, role, text FROM a2a_messages WHERE task_id = ? "
+                           "ORDER BY id", (task_id,)).fetchall()
+    board_state = task["status"]
+    status = {"state": _a2a_state(A2A_STATES[board_state], era),
+              "timestamp": _rfc3339(task["updated"])}
+    note = None
+    if board_state == "claimed":
+        note = f"{task['owner']} is working on it"
+    elif board_state == "open" and task["updated"] != task["created"]:
+        # Only claims and releases move an open task's clock past its posting.
+        note = "back on the board: its holder released it or the lease ran out"
+    elif board_state == "failed":
+        note = task["result"] or "failed"
+    elif board_state == "cancelled":
+        note = "cancelled by its poster"
+    if note:
+        status["message"] = _a2a_message(era, "agent", note, task_id, context_id,
+                                         f"agora-status-{task_id}-{task['updated']}")
+    answer = {"id": str(task_id), "contextId": context_id, "status": status,
+              "metadata": {"title": task["title"], "tags": task["tags"],
+                           "priority": task["priority"], "owner": task["owner"]}}
+    if board_state == "done":
+        part = {"text": task["result"] or ""}
+        if era == "0.3":
+            part["kind"] = "text"
+        answer["artifacts"] = [{"artifactId": f"agora-result-{task_id}", "name": "result",
+                                "parts": [part]}]
+    history = [_a2a_message(era, "user", task["body"] or task["title"], task_id, context_id,
+                            message_id)]
+    history += [_a2a_message(era, role, text, task_id, context_id, mid)
+                for mid, role, text in later]
+    if history_length is None or history_length > 0:
+        answer["history"] = history[-history_length:] if history_length else history
+    if era == "0.3":
+        answer["kind"] = "task"
+    return answer
+
+
+def _a2a_text(message):
+    """Answer the text of an A2A message: its text parts, text files and data as JSON.
+
+    A part agora cannot show as text is named in the text instead, so the task
+    still reaches the board and its reader knows something was left out.
+    """
+    import base64
+    if not isinstance(message, dict) or not isinstance(message.get("parts"), list):
+        raise RpcError(-32602, "params.message must be a Message with parts")
+    texts = []
+    for part in message["parts"]:
+        if not isinstance(part, dict):
+            raise RpcError(-32602, "each part must be an object")
+        kind = str(part.get("mediaType") or part.get("mimeType") or "text/plain")
+        if isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif "data" in part:
+            texts.append(json.dumps(part["data"], ensure_ascii=False))
+        elif not kind.startswith("text/"):
+            texts.append(f"[{part.get('filename') or 'attachment'} ({kind[:60]}) not shown: "
+                         "agora keeps text only]")
+        elif isinstance(part.get("raw"), str):
+            try:
+                texts.append(base64.b64decode(part["raw"]).decode("utf-8"))
+            except ValueError:
+                raise RpcError(-32602, "a raw part is not base64 of UTF-8 text") from None
+        elif isinstance(part.get("url"), str):
+            texts.append(f"[{part.get('filename') or 'file'}: {part['url']}]")
+    text = "\n".join(texts).strip()
+    if not text:
+        raise RpcError(-32602, "the message has no text to make a task of")
+    return text
+
+
+def _camel_case(params):
+    """Answer PARAMS with snake_case keys spelled in camelCase, as ProtoJSON allows.
+
+    Only the request's own fields are respelled, never the contents of metadata.
+    """
+    def respell(obj):
+        return {re.sub(r"_([a-z])", lambda m: m.group(1).upper(), key): value
+                for key, value in obj.items()}
+    params = respell(params)
+    for field in ("message", "configuration"):
+        if isinstance(params.get(field), dict):
+            params[field] = respell(params[field])
+    return params
+
+
+def _a2a_board_task(store, caller, raw_id):
+    """Answer the board task RAW_ID if CALLER posted it; anything else is not found."""
+    task_id = str(raw_id) if isinstance(raw_id, (str, int)) else ""
+    if task_id.isdigit():
+        result = call(store, "task", {"id": int(task_id)}, caller)
+        if result.status == 200 and result.body["task"]["poster"] == caller.name:
+            return result.body["task"]
+    raise RpcError(-32001, f"task {str(raw_id)[:40]} not found")
+
+
+def _refusal(result, code):
+    """Raise the A2A error for a refused catalog call."""
+    raise RpcError(code, result.body["error"])
+
+
+def _a2a_send(store, caller, params, era, block):
+    """Post a task from a message (or add a message to one); block until it ends."""
+    message = params.get("message")
+    text = _a2a_text(message)
+    configuration = params.get("configuration") or {}
+    immediately = (configuration.get("returnImmediately") is True if era == "1.0"
+                   else configuration.get("blocking") is False)
+    message_id = str(message.get("messageId") or secrets.token_hex(8))
+    if message.get("taskId") is not None:
+        task = _a2a_board_task(store, caller, message["taskId"])
+        with store.transaction() as db:
+            context_id, _ = _a2a_context(db, task["id"])
+        if message.get("contextId") not in (None, context_id):
+            raise RpcError(-32602, f"contextId is not task {task['id']}'s context")
+        if task["status"] in A2A_TERMINAL:
+            raise RpcError(-32004, f"task {task['id']} is {task['status']}: send a new message")
+        if task["status"] == "claimed":
+            sent = call(store, "post", {"to": task["owner"],
+                                        "body": f"about task #{task['id']}: {text}"}, caller)
+            if sent.status != 200:
+                _refusal(sent, -32602)
+        with store.transaction(write=True) as db:
+            db.execute("INSERT INTO a2a_messages (task_id, message_id, role, text, ts) "
+                       "VALUES (?, ?, 'user', ?, ?)", (task["id"], message_id, text,
+                                                      int(time.time())))
+        task_id = task["id"]
+    else:
+        metadata = params.get("metadata") or message.get("metadata") or {}
+        args = {"title": text.splitlines()[0][:200], "body": text}
+        for key in ("tags", "priority"):
+            if isinstance(metadata, dict) and metadata.get(key) is not None:
+                args[key] = metadata[key]
+        posted = call(store, "post_task", args, caller)
+        if posted.status != 200:
+            _refusal(posted, -32602)
+        task_id = posted.body["id"]
+        context_id = message.get("contextId")
+        if not isinstance(context_id, str) or not context_id:
+            context_id = secrets.token_hex(16)
+        with store.transaction(write=True) as db:
+            db.execute("INSERT INTO a2a_tasks (task_id, context_id, message_id) VALUES (?, ?, ?)",
+                       (task_id, context_id, message_id))
+
+    def current():
+        return call(store, "task", {"id": task_id}, caller).body["task"]
+    if not immediately and block > 0:
+        store.wait(lambda: current()["status"] in A2A_TERMINAL, block)
+    answer = a2a_task(store, current(), era, configuration.get("historyLength"))
+    return {"task": answer} if era == "1.0" else answer
+
+
+def _a2a_get(store, caller, params, era, block):
+    """Answer one of the caller's tasks."""
+    task = _a2a_board_task(store, caller, params.get("id"))
+    return a2a_task(store, task, era, params.get("historyLength"))
+
+
+def _a2a_cancel(store, caller, params, era, block):
+    """Cancel one of the caller's unfinished tasks."""
+    task = _a2a_board_task(store, caller, params.get("id"))
+    result = call(store, "cancel", {"id": task["id"]}, caller)
+    if result.status != 200:
+        _refusal(result, -32002)
+    return a2a_task(store, result.body["task"], era)
+
+
+# An A2A state filter of ListTasks as the board query that finds it.
+A2A_STATE_FILTERS = {
+    "TASK_STATE_SUBMITTED": OPEN_TASK,
+    "TASK_STATE_WORKING": "status = 'claimed' AND lease_until > :now",
+    "TASK_STATE_COMPLETED": "status = 'done'",
+    "TASK_STATE_FAILED": "status = 'failed'",
+    "TASK_STATE_CANCELED": "status = 'cancelled'",
+}
+
+
+def _a2a_list(store, caller, params, era, block):
+    """Answer a page of the caller's tasks, newest first."""
+    page_size = params.get("pageSize", A2A_PAGE_SIZE)
+    if isinstance(page_size, float) and page_size.is_integer():
+        page_size = int(page_size)
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or not (
+            1 <= page_size <= A2A_MAX_PAGE_SIZE):
+        raise RpcError(-32602, f"pageSize must be 1-{A2A_MAX_PAGE_SIZE}")
+    token = params.get("pageToken") or ""
+    if not (isinstance(token, str) and re.fullmatch(r"(\d+\.\d+)?", token)):
+        raise RpcError(-32602, "pageToken is not one this server gave")
+    where = ["poster = :me"]
+    state = params.get("status")
+    if state not in (None, "", "TASK_STATE_UNSPECIFIED"):
+        if state not in A2A_STATE_FILTERS:
+            raise RpcError(-32602, f"status must be one of {', '.join(A2A_STATE_FILTERS)}")
+        where.append(A2A_STATE_FILTERS[state])
+    if params.get("contextId"):
+        where.append("id IN (SELECT task_id FROM a2a_tasks WHERE context_id = :context)")
+    after = params.get("statusTimestampAfter")
+    if after:
+        where.append("updated >= :after")
+    updated, before = token.split(".") if token else (2 ** 62, 2 ** 62)
+    query = {"me": caller.name, "now": int(time.time()), "context": params.get("contextId"),
+             "after": _from_rfc3339(after) if after else 0, "updated": int(updated),
+             "before": int(before), "limit": page_size + 1}
+    condition = " AND ".join(where)
+    with store.transaction() as db:
+        total = db.execute(f"SELECT count(*) FROM tasks WHERE {condition}", query).fetchone()[0]
+        rows = db.execute(
+            f"SELECT id, updated FROM tasks WHERE {condition} AND (updated < :updated OR "
+            "(updated = :updated AND id < :before)) ORDER BY updated DESC, id DESC "
+            "LIMIT :limit", query).fetchall()
+    history_length = params.get("historyLength")
+    tasks = [a2a_task(store, _a2a_board_task(store, caller, row["id"]), era, history_length)
+             for row in rows[:page_size]]
+    if params.get("includeArtifacts") is not True:
+        for task in tasks:
+            task.pop("artifacts", None)
+    last = rows[page_size - 1] if len(rows) > page_size else None
+    return {"tasks": tasks, "nextPageToken": f"{last['updated']}.{last['id']}" if last else "",
+            "pageSize": page_size, "totalSize": total}
+
+
+A2A_METHODS = {
+    "SendMessage": _a2a_send, "message/send": _a2a_send,
+    "GetTask": _a2a_get, "tasks/get": _a2a_get,
+    "CancelTask": _a2a_cancel, "tasks/cancel": _a2a_cancel,
+    "ListTasks": _a2a_list,
+}
+# Methods of capabilities the card does not declare, with the error each gets.
+A2A_REFUSED = dict(
+    [(name, (-32004, "streaming is not supported: poll GetTask")) for name in (
+        "SendStreamingMessage", "SubscribeToTask", "message/stream", "tasks/resubscribe")]
+    + [(name, (-32003, "push notifications are not supported")) for name in (
+        "CreateTaskPushNotificationConfig", "GetTaskPushNotificationConfig",
+        "ListTaskPushNotificationConfigs", "DeleteTaskPushNotificationConfig",
+        "tasks/pushNotificationConfig/set", "tasks/pushNotificationConfig/get",
+        "tasks/pushNotificationConfig/list", "tasks/pushNotificationConfig/delete")]
+    + [(name, (-32007, "there is no extended agent card")) for name in (
+        "GetExtendedAgentCard", "agent/getAuthenticatedExtendedCard")])
+
+
+def _a2a_error(request_id, error, era):
+    reply = _rpc_error(request_id, error.code, error.message)
+    if era == "1.0" and error.code in A2A_ERRORS:
+        reply["error"]["data"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                                   "reason": A2A_ERRORS[error.code],
+                                   "domain": "a2a-protocol.org"}]
+    return reply
+
+
+def a2a_handle(store, data, caller, headers, block=A2A_DEFAULT_BLOCK):
+    """Answer one A2A JSON-RPC message, in the shapes of the version its method names."""
+    request, era, label = None, "1.0", "invalid"
+    try:
+        kind = (headers.get("Content-Type") or "application/json").split(";")[0].strip().lower()
+        if not (kind == "application/json" or kind.endswith("+json")):
+            raise RpcError(-32005, f"Content-Type {kind[:60]} is not JSON")
+        request = read_rpc(data)
+        if request is None:
+            return RpcReply(202, None, "notification")
+        label = request.method
+        era = "0.3" if "/" in request.method else "1.0"   # 0.3 names are paths
+        version = (headers.get("A2A-Version") or "").strip()
+        if version and ".".join(version.split(".")[:2]) not in ("1.0", "0.3"):
+            raise RpcError(-32009, f"A2A version {version[:20]} is not supported "
+                                   "(this agent speaks 1.0 and 0.3)")
+        if request.method in A2A_REFUSED:
+            raise RpcError(*A2A_REFUSED[request.method])
+        handler = A2A_METHODS.get(request.method)
+        if handler is None:
+            raise RpcError(-32601, f"Method not found: {request.method[:60]}")
+        if caller.name is None:
+            raise RpcError(-32600, "this agent needs a bearer token", http_status=401)
+        result = handler(store, caller, _camel_case(request.params), era, block)
+    except RpcError as error:
+        request_id = request.id if request else error.request_id
+        return RpcReply(error.http_status, _a2a_error(request_id, error, era), label)
+    except Exception:
+        traceback.print_exc(file=sys.stderr)
+        return RpcReply(500, _rpc_error(request.id if request else None, -32603,
+                                        "Internal error"), label)
+    return RpcReply(200, {"jsonrpc": "2.0", "id": request.id, "result": result}, label)
+
+
+###############################################################################
+# HTTP: REST, MCP and A2A #####################################################
 ###############################################################################
 
 IDLE_TIMEOUT = 30           # seconds a connection may sit idle or stall mid-request
@@ -1878,6 +2301,10 @@ class RequestHandler:
         url = urlsplit(self.path)
         if url.path in ("/mcp", "/mcp/"):
             return self.route_mcp(method, body)
+        if url.path in ("/a2a", "/a2a/"):
+            return self.route_a2a(method, body)
+        if url.path in ("/.well-known/agent-card.json", "/.well-known/agent.json"):
+            return self.route_agent_card(method)
         if url.path == "/api" or url.path.startswith("/api/"):
             return self.route_api(method, url, body)
         return 404, b"not found\n", [("Content-Type", "text/plain; charset=utf-8")]
@@ -1925,6 +2352,39 @@ class RequestHandler:
             headers.append(("Content-Type", "text/event-stream"))
             payload = b"event: message\ndata: " + payload + b"\n\n"
         return reply.status, payload, headers
+
+    def route_a2a(self, method, body):
+        """Answer one A2A JSON-RPC message: the task board as an agent."""
+        self.log_face = "a2a"
+        if method != "POST":
+            raise HTTPFailure(405, "POST A2A JSON-RPC messages to /a2a",
+                              headers=[("Allow", "POST")])
+        self.check_origin()
+        caller = self.caller()
+        if caller.name is None and caller.token is None and self.server.a2a_guest:
+            caller = Caller(self.server.a2a_guest, True)
+            self.log_agent = caller.name
+        reply = a2a_handle(self.server.store, body, caller, self.headers,
+                           self.server.a2a_block)
+        self.log_what = reply.label
+        if reply.message is None:
+            return reply.status, b"", []
+        return reply.status, json_bytes(reply.message), self.challenge(reply.status)
+
+    def route_agent_card(self, method):
+        """Answer the agent card, with an ETag and caching headers."""
+        self.log_face, self.log_what = "a2a", "agent-card"
+        if method != "GET":
+            raise HTTPFailure(405, "GET the agent card", headers=[("Allow", "GET")])
+        self.check_origin()
+        base = self.server.public_url or "http://" + (
+            self.headers.get("Host") or "%s:%s" % self.server.server_address[:2])
+        payload = json_bytes(agent_card(base))
+        etag = '"' + hashlib.sha256(payload).hexdigest()[:32] + '"'
+        headers = [("ETag", etag), ("Cache-Control", "public, max-age=300")]
+        if etag in (self.headers.get("If-None-Match") or ""):
+            return 304, b"", headers
+        return 200, payload, headers
 
     def wants_event_stream(self):
         """Answer whether the client accepts only text/event-stream, not JSON."""
@@ -1999,8 +2459,14 @@ def is_loopback(host):
         return False
 
 
-def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), quiet=False):
-    """Answer a bound (not yet serving) HTTP server for STORE."""
+def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), quiet=False,
+                public_url=None, a2a_guest=None, a2a_block=A2A_DEFAULT_BLOCK):
+    """Answer a bound (not yet serving) HTTP server for STORE.
+
+    PUBLIC_URL is the base URL clients reach (for the agent card); A2A_GUEST
+    names the agent that A2A requests without a token act as (off when None);
+    A2A_BLOCK caps how long a blocking SendMessage waits.
+    """
     import socket
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     handler = type("AgoraRequestHandler", (RequestHandler, BaseHTTPRequestHandler), {})
@@ -2008,6 +2474,7 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), quie
         "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
     server = server_class((host.strip("[]"), port), handler)
     server.store, server.quiet = store, quiet
+    server.public_url, server.a2a_guest, server.a2a_block = public_url, a2a_guest, a2a_block
     port = server.server_address[1]
     names = {name.lower() for name in allow_hosts}
     if is_loopback(host):
@@ -2023,10 +2490,13 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), quie
     return server
 
 
-def serve(store, host, port, allow_hosts=(), quiet=False):
-    """Serve HTTP until SIGTERM or Ctrl-C, then close cleanly; answer the exit status."""
+def serve(store, host, port, **options):
+    """Serve HTTP until SIGTERM or Ctrl-C, then close cleanly; answer the exit status.
+
+    OPTIONS are make_server's.
+    """
     import signal
-    server = make_server(store, host, port, allow_hosts, quiet)
+    server = make_server(store, host, port, **options)
     shown = f"[{host.strip('[]')}]" if ":" in host else host
     print(f"agora {__version__} listening on http://{shown}:{server.server_address[1]} "
           f"(db {store.path})", flush=True)
@@ -2144,6 +2614,14 @@ def _build_parser():
     serve_parser.add_argument("--allow-host", action="append", default=[], metavar="HOST",
                               help="also answer to this Host (repeatable)")
     serve_parser.add_argument("--quiet", action="store_true", help="log no requests")
+    serve_parser.add_argument("--public-url", metavar="URL",
+                              help="the base URL clients reach, for the A2A agent card "
+                                   "(default: the request's Host)")
+    serve_parser.add_argument("--a2a-guest", metavar="NAME",
+                              help="let A2A requests without a token act as agent NAME")
+    serve_parser.add_argument("--a2a-block", type=int, default=A2A_DEFAULT_BLOCK,
+                              metavar="SECONDS", help="longest wait of a blocking A2A "
+                              f"SendMessage (default {A2A_DEFAULT_BLOCK})")
     stdio_parser = commands.add_parser("stdio", parents=[common],
                                        help="speak MCP on stdin/stdout as one agent")
     stdio_parser.add_argument("--as", dest="as_name", default=os.environ.get("AGORA_AS"),
@@ -2225,7 +2703,16 @@ def _serve_command(options):
         return 2
     store = Store(getattr(options, "db", None) or default_db_path(),
                   join_key=options.join_key)
-    return serve(store, host, port, options.allow_host, options.quiet)
+    if options.a2a_guest:
+        try:
+            ensure_local_agent(store, options.a2a_guest, int(time.time()))
+        except AgoraError as error:
+            store.close()
+            print(f"agora: --a2a-guest: {error.message}", file=sys.stderr)
+            return 2
+    return serve(store, host, port, allow_hosts=options.allow_host, quiet=options.quiet,
+                 public_url=options.public_url, a2a_guest=options.a2a_guest,
+                 a2a_block=max(0, options.a2a_block))
 
 
 def main(argv=None):

@@ -756,6 +756,24 @@ class StoreFileTest(unittest.TestCase):
             agora.Store(self.path)
         self.assertIn("newer agora", caught.exception.message)
 
+    def test_older_schema_is_migrated_in_place(self):
+        store = agora.Store(self.path)
+        agora.call(store, "post", {"body": "from version 1"}, agora.Caller("a", True))
+        store.close()
+        con = sqlite3.connect(self.path)     # make it the version-1 file it once was
+        con.execute("DROP TABLE a2a_tasks")
+        con.execute("DROP TABLE a2a_messages")
+        con.execute("PRAGMA user_version = 1")
+        con.close()
+        store = agora.Store(self.path)
+        self.addCleanup(store.close)
+        with store.transaction() as db:
+            self.assertEqual(db.execute("PRAGMA user_version").fetchone()[0],
+                             agora.SCHEMA_VERSION)
+            self.assertEqual(db.execute("SELECT count(*) FROM a2a_tasks").fetchone()[0], 0)
+        result = agora.call(store, "history", {"channel": "public"}, agora.Caller("a", True))
+        self.assertEqual([m["body"] for m in result.body["messages"]], ["from version 1"])
+
     def test_not_a_database(self):
         with open(self.path, "wb") as f:
             f.write(b"this is not sqlite at all" * 100)
@@ -1445,6 +1463,346 @@ class McpStdioTest(unittest.TestCase):
         self.assertEqual(done.returncode, 2)
         self.assertEqual(done.stdout, b"")
         self.assertIn(b"--as", done.stderr)
+
+
+###############################################################################
+# A2A #########################################################################
+###############################################################################
+
+class A2ACase(ServerCase):
+    """A server with an A2A client identity (alice, by token) and a worker (bob, local)."""
+
+    a2a_guest = None
+    a2a_block = 5
+
+    def setUp(self):
+        super().setUp()
+        self.server.a2a_guest, self.server.a2a_block = self.a2a_guest, self.a2a_block
+        self.token = self.join("alice")
+
+    def a2a(self, method, params=None, token="alice", headers=None, message_id=1):
+        """Send one A2A JSON-RPC request; answer (status, response, body)."""
+        sent = {"Content-Type": "application/json"}
+        sent.update(headers or {})
+        token = self.token if token == "alice" else token
+        message = {"jsonrpc": "2.0", "id": message_id, "method": method,
+                   "params": params or {}}
+        return self.request("POST", "/a2a", message, token, sent)
+
+    def send(self, text, method="SendMessage", **extra):
+        """Send TEXT as a new task without blocking; answer the result."""
+        if method == "SendMessage":
+            message = {"messageId": "m-" + text[:8], "role": "ROLE_USER",
+                       "parts": [{"text": text}]}
+            params = {"message": message, "configuration": {"returnImmediately": True}}
+        else:
+            message = {"kind": "message", "messageId": "m-" + text[:8], "role": "user",
+                       "parts": [{"kind": "text", "text": text}]}
+            params = {"message": message, "configuration": {"blocking": False}}
+        message.update(extra.pop("message", {}))
+        params.update(extra)
+        status, _, body = self.a2a(method, params)
+        self.assertEqual(status, 200, body)
+        self.assertIn("result", body, body)
+        return body["result"]
+
+    def worker(self, op, **args):
+        result = agora.call(self.store, op, args, agora.Caller("bob", True))
+        self.assertEqual(result.status, 200, result.text)
+        return result.body
+
+
+class A2ATest(A2ACase):
+
+    def test_agent_card_serves_both_generations(self):
+        status, response, card = self.request("GET", "/.well-known/agent-card.json")
+        self.assertEqual(status, 200)
+        endpoint = f"http://127.0.0.1:{self.port}/a2a"
+        self.assertEqual([(i["url"], i["protocolBinding"], i["protocolVersion"])
+                          for i in card["supportedInterfaces"]],
+                         [(endpoint, "JSONRPC", "1.0"), (endpoint, "JSONRPC", "0.3")])
+        self.assertEqual((card["url"], card["protocolVersion"], card["preferredTransport"]),
+                         (endpoint, "0.3.0", "JSONRPC"))
+        self.assertEqual(card["capabilities"], {"streaming": False, "pushNotifications": False})
+        self.assertEqual(len(card["skills"]), 1)
+        for field in ("id", "name", "description", "tags"):
+            self.assertIn(field, card["skills"][0])
+        scheme = card["securitySchemes"]["bearer"]
+        self.assertEqual(scheme["httpAuthSecurityScheme"]["scheme"], "Bearer")
+        self.assertEqual((scheme["type"], scheme["scheme"]), ("http", "bearer"))
+        self.assertEqual(card["security"], [{"bearer": []}])
+        self.assertEqual(card["securityRequirements"], [{"schemes": {"bearer": {"list": []}}}])
+        etag = response.getheader("ETag")
+        self.assertTrue(etag)
+        self.assertIn("max-age", response.getheader("Cache-Control"))
+        status, response, _ = self.request("GET", "/.well-known/agent.json",
+                                           headers={"If-None-Match": etag})
+        self.assertEqual(status, 304)
+        status, _, alias = self.request("GET", "/.well-known/agent.json")
+        self.assertEqual(alias, card)
+
+    def test_card_urls_are_reachable_ones(self):
+        status, _, card = self.request("GET", "/.well-known/agent-card.json",
+                                       headers={"Host": f"localhost:{self.port}"})
+        self.assertEqual(card["url"], f"http://localhost:{self.port}/a2a")
+        self.server.public_url = "https://agora.example.com/"
+        status, _, card = self.request("GET", "/.well-known/agent-card.json")
+        self.assertEqual(card["supportedInterfaces"][0]["url"], "https://agora.example.com/a2a")
+
+    def test_send_makes_a_board_task_and_the_states_follow_the_board(self):
+        task = self.send("Review the parser\nIt chokes on tabs.",
+                         metadata={"tags": ["review"], "priority": 7.0})["task"]
+        self.assertNotIn("kind", task)
+        self.assertEqual(task["status"]["state"], "TASK_STATE_SUBMITTED")
+        self.assertRegex(task["status"]["timestamp"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+        self.assertTrue(task["contextId"])
+        board = self.worker("task", id=int(task["id"]))["task"]
+        self.assertEqual((board["title"], board["body"], board["tags"], board["priority"],
+                          board["poster"]),
+                         ("Review the parser", "Review the parser\nIt chokes on tabs.",
+                          ["review"], 7, "alice"))
+        self.worker("claim", id=board["id"])
+        got = self.a2a("GetTask", {"id": task["id"]})[2]["result"]
+        self.assertEqual((got["status"]["state"], got["contextId"]),
+                         ("TASK_STATE_WORKING", task["contextId"]))
+        self.worker("done", id=board["id"], result="two bugs fixed")
+        got = self.a2a("GetTask", {"id": task["id"]})[2]["result"]
+        self.assertEqual(got["status"]["state"], "TASK_STATE_COMPLETED")
+        self.assertEqual(got["artifacts"][0]["parts"], [{"text": "two bugs fixed"}])
+
+    def test_failed_released_and_expired(self):
+        first = self.send("hard one")["task"]["id"]
+        self.worker("claim", id=int(first))
+        self.worker("done", id=int(first), result="cannot reproduce", failed=True)
+        got = self.a2a("GetTask", {"id": first})[2]["result"]
+        self.assertEqual(got["status"]["state"], "TASK_STATE_FAILED")
+        self.assertEqual(got["status"]["message"]["parts"], [{"text": "cannot reproduce"}])
+        self.assertEqual(got["status"]["message"]["role"], "ROLE_AGENT")
+        second = self.send("let go")["task"]["id"]
+        now = int(time.time())
+        for op in ("claim", "release"):
+            agora.call(self.store, op, {"id": int(second)}, agora.Caller("bob", True),
+                       now=now + 5)
+        got = self.a2a("GetTask", {"id": second})[2]["result"]
+        self.assertEqual(got["status"]["state"], "TASK_STATE_SUBMITTED")
+        self.assertIn("back on the board", got["status"]["message"]["parts"][0]["text"])
+        third = self.send("slow")["task"]["id"]
+        agora.call(self.store, "claim", {"id": int(third), "lease": 1},
+                   agora.Caller("bob", True), now=int(time.time()) - 5)
+        got = self.a2a("GetTask", {"id": third})[2]["result"]
+        self.assertEqual(got["status"]["state"], "TASK_STATE_SUBMITTED")
+        self.assertIn("lease ran out", got["status"]["message"]["parts"][0]["text"])
+
+    def test_cancel_by_the_poster_only(self):
+        task = self.send("withdraw me")["task"]
+        self.worker("claim", id=int(task["id"]))
+        status, _, body = self.a2a("CancelTask", {"id": task["id"]})
+        self.assertEqual(body["result"]["status"]["state"], "TASK_STATE_CANCELED")
+        mail = self.worker("read")["messages"]
+        self.assertIn("cancelled", mail[-1]["body"])
+        status, _, body = self.a2a("CancelTask", {"id": task["id"]})
+        self.assertEqual(body["error"]["code"], -32002)
+        self.assertEqual(body["error"]["data"][0]["reason"], "TASK_NOT_CANCELABLE")
+        carol = self.join("carol")
+        status, _, body = self.a2a("CancelTask", {"id": task["id"]}, token=carol)
+        self.assertEqual(body["error"]["code"], -32001)
+
+    def test_tasks_of_others_are_not_found(self):
+        task = self.send("mine")["task"]
+        carol = self.join("carol")
+        for method in ("GetTask", "tasks/get", "CancelTask"):
+            status, _, body = self.a2a(method, {"id": task["id"]}, token=carol)
+            self.assertEqual(body["error"]["code"], -32001, method)
+        board = agora.call(self.store, "post_task", {"title": "by bob"},
+                           agora.Caller("bob", True)).body["id"]
+        status, _, body = self.a2a("GetTask", {"id": str(board)})
+        self.assertEqual(body["error"]["code"], -32001)
+        for bad in ("999", "abc", None, 1.5):
+            self.assertEqual(self.a2a("GetTask", {"id": bad})[2]["error"]["code"], -32001)
+
+    def test_follow_up_messages(self):
+        task = self.send("first words")["task"]
+        self.worker("claim", id=int(task["id"]))
+        reply = self.send("more detail", message={"taskId": task["id"],
+                                                   "contextId": task["contextId"]})["task"]
+        self.assertEqual(reply["id"], task["id"])
+        self.assertEqual([m["parts"][0]["text"] for m in reply["history"]],
+                         ["first words", "more detail"])
+        mail = self.worker("read")["messages"]
+        self.assertEqual((mail[-1]["sender"], mail[-1]["body"]),
+                         ("alice", f"about task #{task['id']}: more detail"))
+        status, _, body = self.a2a("SendMessage", {"message": {
+            "messageId": "x", "role": "ROLE_USER", "parts": [{"text": "?"}],
+            "taskId": task["id"], "contextId": "other"}})
+        self.assertEqual(body["error"]["code"], -32602)
+        status, _, body = self.a2a("SendMessage", {"message": {
+            "messageId": "x", "role": "ROLE_USER", "parts": [{"text": "?"}], "taskId": "999"}})
+        self.assertEqual(body["error"]["code"], -32001)
+        self.worker("done", id=int(task["id"]))
+        status, _, body = self.a2a("SendMessage", {"message": {
+            "messageId": "y", "role": "ROLE_USER", "parts": [{"text": "?"}],
+            "taskId": task["id"]}})
+        self.assertEqual(body["error"]["code"], -32004)
+
+    def test_v03_shapes(self):
+        task = self.send("old client", method="message/send")
+        self.assertEqual((task["kind"], task["status"]["state"]), ("task", "submitted"))
+        self.assertEqual(task["history"][0]["kind"], "message")
+        self.assertEqual(task["history"][0]["parts"][0]["kind"], "text")
+        self.worker("claim", id=int(task["id"]))
+        self.worker("done", id=int(task["id"]), result="ok")
+        status, _, body = self.a2a("tasks/get", {"id": task["id"]})
+        self.assertEqual(body["result"]["status"]["state"], "completed")
+        self.assertEqual(body["result"]["artifacts"][0]["parts"], [{"kind": "text", "text": "ok"}])
+        status, _, body = self.a2a("tasks/get", {"id": "999"})
+        self.assertEqual(body["error"]["code"], -32001)
+        self.assertNotIn("data", body["error"])
+
+    def test_blocking_send_waits_for_the_task(self):
+        message = {"messageId": "b1", "role": "ROLE_USER", "parts": [{"text": "quick job"}]}
+
+        def finish():
+            time.sleep(0.3)
+            tasks = self.worker("tasks")["tasks"]
+            self.worker("claim", id=tasks[0]["id"])
+            self.worker("done", id=tasks[0]["id"], result="finished")
+        helper = threading.Thread(target=finish)
+        helper.start()
+        started = time.monotonic()
+        status, _, body = self.a2a("SendMessage", {"message": message})
+        helper.join()
+        self.assertLess(time.monotonic() - started, 4)
+        self.assertEqual(body["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED")
+        self.server.a2a_block = 1
+        started = time.monotonic()
+        status, _, body = self.a2a("SendMessage", {"message": dict(message, messageId="b2")})
+        self.assertGreaterEqual(time.monotonic() - started, 0.9)
+        self.assertEqual(body["result"]["task"]["status"]["state"], "TASK_STATE_SUBMITTED")
+
+    def test_list_tasks_pages_through_the_callers_tasks(self):
+        ids = [self.send(f"task {i}")["task"]["id"] for i in range(5)]
+        agora.call(self.store, "post_task", {"title": "not alice's"}, agora.Caller("bob", True))
+        self.worker("claim", id=int(ids[0]))
+        status, _, body = self.a2a("ListTasks", {"pageSize": 2})
+        page = body["result"]
+        self.assertEqual(([t["id"] for t in page["tasks"]], page["totalSize"], page["pageSize"]),
+                         (ids[:2:-1][:2], 5, 2))
+        seen = [t["id"] for t in page["tasks"]]
+        while page["nextPageToken"]:
+            page = self.a2a("ListTasks", {"pageSize": 2,
+                                          "pageToken": page["nextPageToken"]})[2]["result"]
+            seen += [t["id"] for t in page["tasks"]]
+        self.assertEqual(seen, ids[::-1])
+        working = self.a2a("ListTasks", {"status": "TASK_STATE_WORKING"})[2]["result"]
+        self.assertEqual([t["id"] for t in working["tasks"]], [ids[0]])
+        context = self.send("in context", message={"contextId": "ctx-1"})["task"]
+        listed = self.a2a("ListTasks", {"contextId": "ctx-1"})[2]["result"]
+        self.assertEqual([t["id"] for t in listed["tasks"]], [context["id"]])
+        for bad in ({"pageSize": 0}, {"pageSize": 101}, {"pageToken": "zz"},
+                    {"status": "TASK_STATE_DREAMING"}):
+            self.assertEqual(self.a2a("ListTasks", bad)[2]["error"]["code"], -32602, bad)
+
+    def test_snake_case_parameters_and_artifacts_on_request(self):
+        task = self.send("snake")["task"]
+        self.worker("claim", id=int(task["id"]))
+        self.worker("done", id=int(task["id"]), result="hiss")
+        got = self.a2a("GetTask", {"id": task["id"], "history_length": 0})[2]["result"]
+        self.assertNotIn("history", got)
+        listed = self.a2a("ListTasks", {"page_size": 1})[2]["result"]
+        self.assertEqual(listed["pageSize"], 1)
+        self.assertNotIn("artifacts", listed["tasks"][0])      # includeArtifacts is false
+        listed = self.a2a("ListTasks", {"include_artifacts": True})[2]["result"]
+        self.assertEqual(listed["tasks"][0]["artifacts"][0]["parts"], [{"text": "hiss"}])
+        later = self.a2a("ListTasks", {"statusTimestampAfter": "2999-01-01T00:00:00.000Z"})
+        self.assertEqual(later[2]["result"]["tasks"], [])
+        earlier = self.a2a("ListTasks", {"status_timestamp_after": "2000-01-01T00:00:00Z"})
+        self.assertEqual(len(earlier[2]["result"]["tasks"]), 1)
+        self.assertEqual(self.a2a("ListTasks", {"statusTimestampAfter": "soon"})[2]
+                         ["error"]["code"], -32602)
+        sent = self.a2a("SendMessage", {"message": {
+            "message_id": "s1", "role": "ROLE_USER", "parts": [{"text": "again"}],
+            "task_id": task["id"]}})[2]
+        self.assertEqual(sent["error"]["code"], -32004)          # task_id was understood
+
+    def test_parts(self):
+        import base64
+        raw = base64.b64encode("from a file".encode()).decode()
+        task = self.send("x", message={"parts": [
+            {"raw": raw, "mediaType": "text/plain", "filename": "a.txt"},
+            {"data": {"k": 1}}, {"url": "https://example.com/a.md", "mediaType": "text/markdown",
+                                 "filename": "a.md"}]})["task"]
+        body = self.worker("task", id=int(task["id"]))["task"]["body"]
+        self.assertEqual(body, 'from a file\n{"k": 1}\n[a.md: https://example.com/a.md]')
+        task = self.send("y", message={"parts": [
+            {"raw": "dGNr", "mediaType": "application/x-unknown", "filename": "blob.bin"}]})
+        body = self.worker("task", id=int(task["task"]["id"]))["task"]["body"]
+        self.assertEqual(body, "[blob.bin (application/x-unknown) not shown: agora keeps "
+                               "text only]")
+
+    def test_errors(self):
+        cases = [("SendStreamingMessage", -32004, "UNSUPPORTED_OPERATION"),
+                 ("SubscribeToTask", -32004, "UNSUPPORTED_OPERATION"),
+                 ("message/stream", -32004, None),
+                 ("CreateTaskPushNotificationConfig", -32003, "PUSH_NOTIFICATION_NOT_SUPPORTED"),
+                 ("tasks/pushNotificationConfig/set", -32003, None),
+                 ("GetExtendedAgentCard", -32007, "EXTENDED_AGENT_CARD_NOT_CONFIGURED"),
+                 ("Dance", -32601, None)]
+        for method, code, reason in cases:
+            status, _, body = self.a2a(method, {})
+            self.assertEqual((status, body["error"]["code"]), (200, code), method)
+            if reason:
+                self.assertEqual(body["error"]["data"], [{
+                    "@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason,
+                    "domain": "a2a-protocol.org"}])
+        status, _, body = self.a2a("SendMessage", {"message": {"parts": []}})
+        self.assertEqual(body["error"]["code"], -32602)
+        status, _, body = self.a2a("SendMessage", {"message": "hi"})
+        self.assertEqual(body["error"]["code"], -32602)
+        status, _, body = self.request("POST", "/a2a", raw=b"{oops",
+                                       headers={"Content-Type": "application/json"})
+        self.assertEqual(body["error"]["code"], -32700)
+        status, _, body = self.request("POST", "/a2a", raw=b"method=GetTask", token=self.token,
+                                       headers={"Content-Type": "text/plain"})
+        self.assertEqual(body["error"]["code"], -32005)
+        self.assertEqual(self.request("GET", "/a2a")[0], 405)
+
+    def test_versions(self):
+        for version in ("1.0", "1.0.1", "0.3", "0.3.0", None):
+            headers = {"A2A-Version": version} if version else {}
+            status, _, body = self.a2a("ListTasks", {}, headers=headers)
+            self.assertIn("result", body, version)
+        for version in ("2.0", "0.2", "99.0", "banana"):
+            status, _, body = self.a2a("ListTasks", {}, headers={"A2A-Version": version})
+            self.assertEqual(body["error"]["code"], -32009, version)
+            self.assertEqual(body["error"]["data"][0]["reason"], "VERSION_NOT_SUPPORTED")
+
+    def test_identity(self):
+        status, response, body = self.a2a("ListTasks", {}, token=None)
+        self.assertEqual(status, 401)
+        self.assertEqual(response.getheader("WWW-Authenticate"), 'Bearer realm="agora"')
+        self.assertEqual(self.a2a("ListTasks", {}, token="bogus")[0], 401)
+
+    def test_the_face_goes_through_the_catalog(self):
+        status, _, body = self.a2a("SendMessage", {"message": {
+            "messageId": "t", "role": "ROLE_USER", "parts": [{"text": "x" * 300}],
+            "metadata": {"tags": ["Not A Tag"]}}})
+        self.assertEqual(body["error"]["code"], -32602)
+        self.assertIn("tags", body["error"]["message"])
+
+
+class A2AGuestTest(A2ACase):
+
+    a2a_guest = "guest"
+
+    def test_guest_acts_without_a_token(self):
+        agora.ensure_local_agent(self.store, "guest", int(time.time()))
+        status, _, body = self.a2a("SendMessage", {"message": {
+            "messageId": "g", "role": "ROLE_USER", "parts": [{"text": "as guest"}]},
+            "configuration": {"returnImmediately": True}}, token=None)
+        task = body["result"]["task"]
+        self.assertEqual(self.worker("task", id=int(task["id"]))["task"]["poster"], "guest")
+        self.assertEqual(self.a2a("ListTasks", {}, token="bogus")[0], 401)
+        self.assertEqual(self.a2a("ListTasks", {})[2]["result"]["totalSize"], 0)
 
 
 ###############################################################################
