@@ -242,6 +242,11 @@ class StoreError(AgoraError):
     status = 500
 
 
+class Unreachable(AgoraError):
+    """A remote agora did not answer (the CLI's --url, the stdio bridge)."""
+    status = 502
+
+
 ###############################################################################
 # Store #######################################################################
 ###############################################################################
@@ -2307,7 +2312,8 @@ class RequestHandler:
             return self.route_agent_card(method)
         if url.path == "/api" or url.path.startswith("/api/"):
             return self.route_api(method, url, body)
-        return 404, b"not found\n", [("Content-Type", "text/plain; charset=utf-8")]
+        return 404, f"not found: {url.path[:200]} (agora serves /api, /mcp and /a2a)\n".encode(
+            "utf-8", "replace"), [("Content-Type", "text/plain; charset=utf-8")]
 
     def route_api(self, method, url, body):
         """Answer a REST request: GET /api, or one operation at /api/<op>."""
@@ -2332,7 +2338,11 @@ class RequestHandler:
         else:
             raise HTTPFailure(405, f"{name} takes {allow}", headers=[("Allow", allow)])
         result = call(self.server.store, name, args, self.caller())
-        return result.status, json_bytes(result.body), self.challenge(result.status)
+        headers = self.challenge(result.status)
+        if self.wants_text():
+            headers.append(("Content-Type", "text/plain; charset=utf-8"))
+            return result.status, (result.text + "\n").encode("utf-8"), headers
+        return result.status, json_bytes(result.body), headers
 
     def route_mcp(self, method, body):
         """Answer one MCP message over Streamable HTTP (stateless: no sessions)."""
@@ -2385,6 +2395,11 @@ class RequestHandler:
         if etag in (self.headers.get("If-None-Match") or ""):
             return 304, b"", headers
         return 200, payload, headers
+
+    def wants_text(self):
+        """Answer whether the client asks for the text answer rather than JSON."""
+        accept = (self.headers.get("Accept") or "").lower()
+        return "text/plain" in accept and "application/json" not in accept
 
     def wants_event_stream(self):
         """Answer whether the client accepts only text/event-stream, not JSON."""
@@ -2521,11 +2536,12 @@ def serve(store, host, port, **options):
 STDIO_EXIT_GRACE = 2.0      # seconds calls still running at end of input may finish
 
 
-def serve_stdio(store, caller, stdin, stdout):
-    """Speak MCP as CALLER on binary streams, one JSON message per line; answer 0 at EOF.
+def serve_stdio(answer, stdin, stdout):
+    """Speak MCP on binary streams, one JSON message per line; answer 0 at end of input.
 
-    Each request runs in its own thread, so a long read wait=... never holds up
-    a ping or another call arriving on the same input.
+    ANSWER(line) gives the reply to one message (None for none). Each message is
+    answered in its own thread, so a long read wait=... never holds up a ping or
+    another call arriving on the same input.
     """
     write_lock = threading.Lock()
     running = []
@@ -2536,10 +2552,10 @@ def serve_stdio(store, caller, stdin, stdout):
             stdout.write(line)
             stdout.flush()
 
-    def answer(line):
-        reply = mcp_handle(store, line, caller)
-        if reply.message is not None:
-            write(reply.message)
+    def reply(line):
+        message = answer(line)
+        if message is not None:
+            write(message)
 
     while True:
         line = stdin.readline(MAX_REQUEST_BODY + 1)
@@ -2552,13 +2568,98 @@ def serve_stdio(store, caller, stdin, stdout):
             continue
         if not line.strip():
             continue
-        worker = threading.Thread(target=answer, args=(line,), daemon=True)
+        worker = threading.Thread(target=reply, args=(line,), daemon=True)
         worker.start()
         running = [thread for thread in running if thread.is_alive()] + [worker]
     deadline = time.monotonic() + STDIO_EXIT_GRACE
     for thread in running:
         thread.join(max(0.0, deadline - time.monotonic()))
     return 0
+
+
+###############################################################################
+# Remote: the CLI and the stdio bridge against an agora server ################
+###############################################################################
+
+REMOTE_TIMEOUT = 90         # seconds; longer than the longest read wait (60)
+
+
+def http_post(url, data, headers):
+    """POST DATA to URL; answer (status, content type, body). Raise Unreachable.
+
+    https:// URLs are checked against the system's trust store.
+    """
+    import urllib.error
+    import urllib.request
+    try:
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+        with urllib.request.urlopen(request, timeout=REMOTE_TIMEOUT) as response:
+            return response.status, response.headers.get("Content-Type", ""), response.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.headers.get("Content-Type", ""), error.read()
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", None) or error
+        raise Unreachable(f"cannot reach agora at {url}: {reason}") from None
+
+
+def remote_call(url, token, name, args, want_json):
+    """Run operation NAME on the agora at URL; answer (status, text or JSON body)."""
+    headers = {"Content-Type": "application/json",
+               "Accept": "application/json" if want_json else "text/plain"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    status, kind, body = http_post(f"{url.rstrip('/')}/api/{name}", json_bytes(args), headers)
+    text = body.decode("utf-8", "replace").strip()
+    if kind.startswith("application/json"):
+        try:
+            answer = parse_json(body)
+        except ValueError:
+            answer = {"error": text[:200]}
+        if status >= 400 and isinstance(answer, dict) and "error" in answer:
+            hint = answer.get("hint")
+            return status, answer["error"] + (f" — {hint}" if hint else "")
+        return status, answer
+    if not kind.startswith("text/plain"):
+        text = f"{url} answered HTTP {status} ({kind or 'no content type'}), not agora"
+    return status, text
+
+
+def bridge_answer(url, token):
+    """Answer a function that forwards one MCP message to the agora at URL's /mcp."""
+    endpoint = url.rstrip("/") + "/mcp"
+
+    def forward(line):
+        try:
+            message = parse_json(line)
+        except ValueError as e:
+            return _rpc_error(None, -32700, f"Parse error: {e}")
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        request_id = message.get("id") if isinstance(message, dict) else None
+        params = message.get("params") if isinstance(message, dict) else None
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        if isinstance(meta, dict) and isinstance(meta.get(MCP_META + "protocolVersion"), str):
+            # The stateless revision routes by headers that must repeat the body.
+            headers["MCP-Protocol-Version"] = meta[MCP_META + "protocolVersion"]
+            headers["Mcp-Method"] = str(message.get("method"))
+            if message.get("method") == "tools/call":
+                headers["Mcp-Name"] = str(params.get("name"))
+        try:
+            status, kind, body = http_post(endpoint, line, headers)
+        except Unreachable as error:
+            if request_id is None:
+                return None
+            return _rpc_error(request_id, -32603, error.message)
+        if not body.strip():
+            return None
+        try:
+            return parse_json(body)
+        except ValueError:
+            return _rpc_error(request_id, -32603, f"{endpoint} answered HTTP {status} "
+                                                  "without JSON")
+    return forward
 
 
 ###############################################################################
@@ -2622,24 +2723,50 @@ def _build_parser():
     serve_parser.add_argument("--a2a-block", type=int, default=A2A_DEFAULT_BLOCK,
                               metavar="SECONDS", help="longest wait of a blocking A2A "
                               f"SendMessage (default {A2A_DEFAULT_BLOCK})")
-    stdio_parser = commands.add_parser("stdio", parents=[common],
-                                       help="speak MCP on stdin/stdout as one agent")
-    stdio_parser.add_argument("--as", dest="as_name", default=os.environ.get("AGORA_AS"),
-                              metavar="NAME", help="act as this agent (default $AGORA_AS)")
+    remote = argparse.ArgumentParser(add_help=False)
+    remote.add_argument("--url", default=os.environ.get("AGORA_URL"),
+                        help="a remote agora to use instead of the file (default $AGORA_URL)")
+    remote.add_argument("--token", default=os.environ.get("AGORA_TOKEN"),
+                        help="the bearer token for --url (default $AGORA_TOKEN)")
+    stdio_parser = commands.add_parser("stdio", parents=[common, remote],
+                                       help="speak MCP on stdin/stdout as one agent "
+                                            "(with --url: a bridge to a remote agora)")
+    stdio_parser.add_argument("--as", dest="as_name", metavar="NAME",
+                              help="act as this agent on the local file (default $AGORA_AS)")
     ops_parser = commands.add_parser("ops", parents=[common], help="list the operations")
     ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
     identity = argparse.ArgumentParser(add_help=False)
-    identity.add_argument("--as", dest="as_name", default=os.environ.get("AGORA_AS"),
-                          metavar="NAME", help="act as this agent (default $AGORA_AS)")
+    identity.add_argument("--as", dest="as_name", metavar="NAME",
+                          help="act as this agent on the local file (default $AGORA_AS)")
     identity.add_argument("--json", action="store_true", help="print the JSON body")
     for op in CATALOG.values():
-        sub = commands.add_parser(op.name, parents=[common, identity], help=op.summary,
+        sub = commands.add_parser(op.name, parents=[common, identity, remote], help=op.summary,
                                   description=f"{op.summary}\narguments: {op.usage()}")
         sub.add_argument("pairs", nargs="*", metavar="key=value")
     return parser
 
 
+def _identity(options):
+    """Answer the local name to act as, or None; refuse --as together with --url.
+
+    Over --url the token says who the caller is, so a name given with --as
+    would be silently ignored: that is refused instead. $AGORA_AS only counts
+    for the local file.
+    """
+    if options.url:
+        if options.as_name:
+            raise ValueError("--as names a local identity; with --url the token says who "
+                             "you are")
+        return None
+    return options.as_name or os.environ.get("AGORA_AS") or None
+
+
 def _run_op(name, options):
+    try:
+        as_name = _identity(options)
+    except ValueError as e:
+        print(f"agora: {e}", file=sys.stderr)
+        return 2
     args = {}
     for pair in options.pairs:
         key, sep, value = pair.partition("=")
@@ -2647,19 +2774,26 @@ def _run_op(name, options):
             print(f"agora: expected key=value, got {pair!r}", file=sys.stderr)
             return 2
         args[key] = sys.stdin.read().rstrip("\n") if value == "-" else value
-    if name != "join" and not options.as_name:
-        print(f"agora: {name} needs --as NAME (or $AGORA_AS)", file=sys.stderr)
-        return 2
-    store = Store(getattr(options, "db", None) or default_db_path())
-    try:
-        result = call(store, name, args, Caller(options.as_name, True))
-    finally:
-        store.close()
-    if result.status >= 400:
-        print(f"agora: {result.text}", file=sys.stderr)
+    if options.url:
+        status, answer = remote_call(options.url, options.token, name, args, options.json)
+        if status == 401:
+            answer = f"the server refused the token (401): {answer}"
+    else:
+        if name != "join" and not as_name:
+            print(f"agora: {name} needs --as NAME (or $AGORA_AS), or --url and --token",
+                  file=sys.stderr)
+            return 2
+        store = Store(getattr(options, "db", None) or default_db_path())
+        try:
+            result = call(store, name, args, Caller(as_name, True))
+        finally:
+            store.close()
+        status = result.status
+        answer = result.text if status >= 400 or not options.json else result.body
+    if status >= 400:
+        print(f"agora: {answer}", file=sys.stderr)
         return 1
-    print(json.dumps(result.body, ensure_ascii=False, indent=2) if options.json
-          else result.text)
+    print(json.dumps(answer, ensure_ascii=False, indent=2) if options.json else answer)
     return 0
 
 
@@ -2673,21 +2807,33 @@ def _print_ops(markdown):
 
 
 def _stdio_command(options):
-    if not options.as_name:
-        print("agora: stdio needs --as NAME (or $AGORA_AS)", file=sys.stderr)
+    try:
+        as_name = _identity(options)
+    except ValueError as e:
+        print(f"agora: {e}", file=sys.stderr)
         return 2
-    store = Store(getattr(options, "db", None) or default_db_path())
     protocol_out, sys.stdout = sys.stdout, sys.stderr   # stray prints must not reach stdout
     try:
-        ensure_local_agent(store, options.as_name, int(time.time()))
-        return serve_stdio(store, Caller(options.as_name, True), sys.stdin.buffer,
-                           protocol_out.buffer)
-    except AgoraError as error:
-        print(f"agora: {error.message}", file=sys.stderr)
-        return 2
+        if options.url:
+            return serve_stdio(bridge_answer(options.url, options.token), sys.stdin.buffer,
+                               protocol_out.buffer)
+        if not as_name:
+            print("agora: stdio needs --as NAME (or $AGORA_AS), or --url and --token",
+                  file=sys.stderr)
+            return 2
+        store = Store(getattr(options, "db", None) or default_db_path())
+        try:
+            ensure_local_agent(store, as_name, int(time.time()))
+            caller = Caller(as_name, True)
+            return serve_stdio(lambda line: mcp_handle(store, line, caller).message,
+                               sys.stdin.buffer, protocol_out.buffer)
+        except AgoraError as error:
+            print(f"agora: {error.message}", file=sys.stderr)
+            return 2
+        finally:
+            store.close()
     finally:
         sys.stdout = protocol_out
-        store.close()
 
 
 def _serve_command(options):
@@ -2734,7 +2880,7 @@ def main(argv=None):
             return _run_op(options.command, options)
         parser.print_help(sys.stderr)
         return 2
-    except StoreError as error:
+    except (StoreError, Unreachable) as error:
         print(f"agora: {error.message}", file=sys.stderr)
         return 1
 

@@ -974,7 +974,8 @@ class RestTest(ServerCase):
                                       token=token)[0], 400)
         self.assertEqual(self.request("POST", "/api/post", {"body": ""}, token)[0], 400)
         status, response, body = self.request("GET", "/nothing")
-        self.assertEqual((status, body), (404, "not found\n"))
+        self.assertEqual((status, body), (404, "not found: /nothing (agora serves /api, /mcp "
+                                               "and /a2a)\n"))
         self.assertTrue(response.getheader("Content-Type").startswith("text/plain"))
 
     def test_401_carries_www_authenticate(self):
@@ -1953,6 +1954,303 @@ class ServeCommandTest(unittest.TestCase):
                               env=dict(os.environ, AGORA_JOIN_KEY=""))
         self.assertEqual(done.returncode, 2)
         self.assertIn("join key", done.stderr)
+
+
+###############################################################################
+# Remote: the CLI and the stdio bridge against a server #######################
+###############################################################################
+
+# A throwaway self-signed certificate for 127.0.0.1 (valid until 2126), so HTTPS
+# can be tested with the standard library alone. It protects nothing.
+TEST_CERT = """\
+-----BEGIN CERTIFICATE-----
+MIIDJzCCAg+gAwIBAgIUVG6fuBnGX+2oVEnOyeDG/TtMJU8wDQYJKoZIhvcNAQEL
+BQAwFDESMBAGA1UEAwwJMTI3LjAuMC4xMCAXDTI2MTEzMDIwMTcyNVoYDzIxMjYx
+MTA2MjAxNzI1WjAUMRIwEAYDVQQDDAkxMjcuMC4wLjEwggEiMA0GCSqGSIb3DQEB
+AQUAA4IBDwAwggEKAoIBAQCeR6+IUJrtSYFAK1LSw9FlFf0DX6X6FEVv4Nrnixzc
+aJ8GDFN4ypibo4UD0jQiqKoyWBqp+6iipGsRh6VV/xvccMWN5HYtusSnvKfdyY8G
+0dCXuOs5r+ytrAGijt4y+RC3+yd23T6GYSzWJxckR02gWo4nayiVqkUEPZTo/s/G
+UMwTOWOVgDIATJ3Nwjb+lwpb/WQ+jTWFuW2g5Bd1vu5tA013ofkgFtMLmmjoreAK
+ywfsjyIKO6pU2uMM6kGDzlxInyV9oZRhspbEWsM2HuBOe0E1IzXFEDPIMq3F8yoW
+zypmoNIyrFtzI7PREi5Ngo49CWyOjVyanZPYWA0I5favAgMBAAGjbzBtMB0GA1Ud
+DgQWBBR002EhYTFw+gfIakloILF0k9NgtzAfBgNVHSMEGDAWgBR002EhYTFw+gfI
+akloILF0k9NgtzAPBgNVHRMBAf8EBTADAQH/MBoGA1UdEQQTMBGHBH8AAAGCCWxv
+Y2FsaG9zdDANBgkqhkiG9w0BAQsFAAOCAQEAhtPdgjkvFNz/4L1bytJtJDnyHHPj
+FxeNvBf9OZt/UxB3FqfLE9q8GDPAr9mWMQ40l7tbRL2vGpPAyjpmXxxvUtXJh30X
+XH+bZGRUK6kAxGvzOvAbEqwCoyRC3qZYgRboiQFAxFKIYZlSxYzsftKl2OUY7Ucu
+MYSP3rN/OI59n11jhKLp/jqNu85/f+f0Z3rWLJsBBWaTVV8owTQfUJ4sv3DVeAtI
+1l+uHeImptyyIJBElKFK8Z2rUo3lK7DPtVp7yHLErwKHwtwdeY+/hPBYoScZWlsk
+NV+na26nBm6/O85PiO4M0k0JzXwGepB7FNKX/ia4BVGo2YBKsBJ1GqixnQ==
+-----END CERTIFICATE-----
+"""
+TEST_KEY = """\
+-----BEGIN PRIVATE KEY-----
+MIIEvgIBADANBgkqhkiG9w0BAQEFAASCBKgwggSkAgEAAoIBAQCeR6+IUJrtSYFA
+K1LSw9FlFf0DX6X6FEVv4NrnixzcaJ8GDFN4ypibo4UD0jQiqKoyWBqp+6iipGsR
+h6VV/xvccMWN5HYtusSnvKfdyY8G0dCXuOs5r+ytrAGijt4y+RC3+yd23T6GYSzW
+JxckR02gWo4nayiVqkUEPZTo/s/GUMwTOWOVgDIATJ3Nwjb+lwpb/WQ+jTWFuW2g
+5Bd1vu5tA013ofkgFtMLmmjoreAKywfsjyIKO6pU2uMM6kGDzlxInyV9oZRhspbE
+WsM2HuBOe0E1IzXFEDPIMq3F8yoWzypmoNIyrFtzI7PREi5Ngo49CWyOjVyanZPY
+WA0I5favAgMBAAECggEAB126s5NcwnJLS5s4jYqDcjrlvYR0CwFqgdxrE5+Lxk4w
+KG3mbJaxJ30isZzUxFApK5KiGwsVPAx+1yAC98+ZklbFOudJALPSdyP2hAHfYCff
+l1AJ0nN3hlWc9d3ERYcF2iocGhIN2N8o4QaMsymGWVIdj4QTLXPxJlNfXMCPFuGU
+63yyZ2EhP2Ijrk/t2y3zRQFlcwIjFK5tt6XgoiEF0+EQ8h216IPOgDo8AKmBMVAt
+ZXxaowIfN5hEiKZi6JxtJvMkX2OthJWOtKsRvpZ5DBBg0KYOdi+zaOFdzYc7+XR6
+nvvgmRs0nkY2MTmHGJ9sFVd5rXuFEZC4LNFfDracUQKBgQDdbdowI9sca8T5HGoS
+xsSEfkZx+9/lPpeYon2yZFLyBR+K4p8CsW82XbvuEQsdQmxAGerzFghLTpeRTyw/
+SShCBW4k+YS2CJxBVmvOutaw/jazHz1Stdh31MLW31IeIO4s5nHFIKLUh3+jy8zC
+dPRwJyyicZYzfAS7O06ehRyaBQKBgQC2/d71U3e1AzT2aC+rw1ZuHcjewPL4v978
+mrhKi1LPLGObXpElP6zmCPXLWBjI7NnE1FdKCMjsZND9ZNzECK4DJiAaqLQ1ySIk
+5XmUfUc1T8/68jyU+uRWV2vrzzVREIguZUhvMPEKksTCAkXl37rhFbtMTIoq3//w
+fVkDElXIIwKBgGmLIQLtNFV5sOukdZL5l1Yn8mAGVJQqn4ureAp982NUudIzbuOT
+u5TIXPl+ujN6I6ryL6EqkU2D6o7ilA6eSkgd2oBZRr6VoBUsojppqEe5BE2gyFQS
+RVno2e4diEDAJYbVWMlDYxm2dEqYq8LMiG6k3YuYZKWpqX+tJy47+IQZAoGBAI+p
+MXASTkl6sgq88qf7XBBpK7jNbDMjlzFjWkmTpbhmFfD1RigjHF8gK6+vgw3C/JhN
+SBYkXXFRGM3GcJcqZUqtlMi5J3mOZVLoIRIVZGETPqm5oRwo+Dhcu6pOa4Iv42nh
+NAOvPZ1aakQRusRkZ/ersvaMpHBSmUE5dzc1HslXAoGBAJkAzC8118Qg1jy6kpeD
+ZMxSlyrMwm6HXiC1OUJdCgRxo/On4WmqsAAVrkwsXUqTX2dhMY0AGXkcJXC8Zv98
+sql/cb4CI25k4owBwnA7DQP3CAR+0M+TvHf/mykT5ltXF6Us8s9hgGAIE++E0uxB
+MCaI6nu4DWMSgZ3sGDuXS2R2
+-----END PRIVATE KEY-----
+"""
+
+
+class RemoteCliTest(ServerCase):
+
+    def setUp(self):
+        super().setUp()
+        self.token = self.join("remo")
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.unused_db = os.path.join(self.dir, "never-created.db")
+
+    def main(self, *argv, stdin=""):
+        """Run agora.main against the server; answer (exit status, stdout, stderr)."""
+        out, err = io.StringIO(), io.StringIO()
+        old_stdin, sys.stdin = sys.stdin, io.StringIO(stdin)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = agora.main(list(argv) + ["--db", self.unused_db])
+        finally:
+            sys.stdin = old_stdin
+        self.assertFalse(os.path.exists(self.unused_db), "a remote call opened a local file")
+        return code, out.getvalue(), err.getvalue()
+
+    def remote(self, *argv, stdin=""):
+        return self.main(*argv, "--url", self.url, "--token", self.token, stdin=stdin)
+
+    def test_same_text_json_and_exit_status_as_locally(self):
+        self.assertEqual(self.remote("post", "body=from afar"), (0, "posted #1 to public\n", ""))
+        code, out, _ = self.remote("history", "channel=public")
+        local = agora.call(self.store, "history", {"channel": "public"},
+                           agora.Caller("remo", True)).text
+        self.assertEqual((code, out), (0, local + "\n"))
+        code, out, _ = self.remote("post_task", "title=t", "priority=5", "tags=a,b", "--json")
+        self.assertEqual(json.loads(out), {"id": 1})
+        code, out, _ = self.remote("task", "id=1", "--json")
+        self.assertEqual((json.loads(out)["task"]["priority"], json.loads(out)["task"]["tags"]),
+                         (5, ["a", "b"]))
+
+    def test_body_from_stdin_and_settings_from_the_environment(self):
+        env = {"AGORA_URL": self.url, "AGORA_TOKEN": self.token}
+        old = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        self.addCleanup(lambda: [os.environ.pop(k) if v is None else
+                                 os.environ.__setitem__(k, v) for k, v in old.items()])
+        code, out, _ = self.main("post", "body=-", stdin="piped\n")
+        self.assertEqual(code, 0)
+        messages = agora.call(self.store, "history", {"channel": "public"},
+                              agora.Caller("x", True)).body["messages"]
+        self.assertEqual([(m["sender"], m["body"]) for m in messages], [("remo", "piped")])
+
+    def test_refusals_pass_through(self):
+        code, out, err = self.remote("task", "id=99")
+        self.assertEqual((code, out, err), (1, "", "agora: no task #99 — tasks lists them\n"))
+        code, _, err = self.remote("post", "body=")
+        self.assertEqual(code, 1)
+        self.assertIn("body must be", err)
+
+    def test_bad_or_missing_token(self):
+        code, _, err = self.main("brief", "--url", self.url, "--token", "stolen")
+        self.assertEqual(code, 1)
+        self.assertEqual(err, "agora: the server refused the token (401): unknown token — "
+                              "join again, or ask for a new token\n")
+        code, _, err = self.main("brief", "--url", self.url)
+        self.assertEqual(code, 1)
+        self.assertIn("(401): brief needs a bearer token", err)
+
+    def test_server_down_or_wrong_address(self):
+        import socket
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            closed = probe.getsockname()[1]
+        code, _, err = self.main("brief", "--url", f"http://127.0.0.1:{closed}",
+                                 "--token", self.token)
+        self.assertEqual(code, 1)
+        self.assertIn(f"cannot reach agora at http://127.0.0.1:{closed}/api/brief", err)
+        self.assertNotIn("Traceback", err)
+        code, _, err = self.main("brief", "--url", self.url + "/wrong", "--token", self.token)
+        self.assertEqual(code, 1)
+        self.assertIn("not found: /wrong/api/brief", err)
+        code, _, err = self.main("brief", "--url", "nonsense", "--token", self.token)
+        self.assertEqual(code, 1)
+        self.assertIn("cannot reach agora", err)
+
+    def test_join_remotely_and_usage_errors(self):
+        code, out, _ = self.main("join", "name=newbie", "--url", self.url, "--json")
+        token = json.loads(out)["token"]
+        self.assertEqual(self.store.agent_for_token(token), "newbie")
+        self.assertEqual(self.remote("post", "body")[0], 2)
+
+    def test_as_is_refused_with_url_and_agora_as_is_not_used(self):
+        code, _, err = self.remote("post", "body=x", "--as", "someone-else")
+        self.assertEqual(code, 2)
+        self.assertIn("with --url the token says who you are", err)
+        os.environ["AGORA_AS"] = "someone-else"
+        self.addCleanup(os.environ.pop, "AGORA_AS")
+        self.assertEqual(self.remote("post", "body=from the token")[0], 0)
+        messages = agora.call(self.store, "history", {"channel": "public"},
+                              agora.Caller("x", True)).body["messages"]
+        self.assertEqual([m["sender"] for m in messages], ["remo"])
+
+    def test_subprocess_stays_lazy(self):
+        script = ("import sys, agora; code = agora.main(sys.argv[1:]); "
+                  "print('http.server' in sys.modules, file=sys.stderr); sys.exit(code)")
+        done = subprocess.run([sys.executable, "-c", script, "post", "body=lazy", "--url",
+                               self.url, "--token", self.token], cwd=HERE,
+                              capture_output=True, text=True, timeout=30)
+        self.assertEqual((done.returncode, done.stdout, done.stderr),
+                         (0, "posted #1 to public\n", "False\n"))
+
+
+class HttpsTest(ServerCase):
+    """The remote CLI over https://, trusting the certificate through the system's rules."""
+
+    def setUp(self):
+        import ssl
+        cert, key = os.path.join(temp_dir(self), "cert.pem"), os.path.join(temp_dir(self),
+                                                                          "key.pem")
+        for path, text in ((cert, TEST_CERT), (key, TEST_KEY)):
+            with open(path, "w") as f:
+                f.write(text)
+        self.cert = cert
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        original = agora.make_server
+
+        def make_tls_server(*args, **kwargs):
+            server = original(*args, **kwargs)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+            return server
+        agora.make_server = make_tls_server
+        self.addCleanup(setattr, agora, "make_server", original)
+        super().setUp()
+
+    def run_cli(self, **env):
+        token = agora.call(self.store, "join", {"name": "tls"}, agora.Caller(None, True))
+        return subprocess.run([sys.executable, AGORA, "post", "body=over tls", "--url",
+                               f"https://127.0.0.1:{self.port}", "--token",
+                               token.body["token"]], capture_output=True, text=True,
+                              timeout=30, env=dict(os.environ, **env))
+
+    def test_https_with_a_trusted_certificate(self):
+        done = self.run_cli(SSL_CERT_FILE=self.cert)
+        self.assertEqual((done.returncode, done.stdout), (0, "posted #1 to public\n"),
+                         done.stderr)
+
+    def test_https_with_an_untrusted_certificate_is_refused_clearly(self):
+        done = self.run_cli()
+        self.assertEqual(done.returncode, 1)
+        self.assertIn("CERTIFICATE_VERIFY_FAILED", done.stderr)
+        self.assertNotIn("Traceback", done.stderr)
+
+
+class BridgeTest(ServerCase):
+    """`agora.py stdio --url`: MCP on stdin/stdout, forwarded to a server's /mcp."""
+
+    def setUp(self):
+        super().setUp()
+        self.token = self.join("bridged")
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self, url=None, token="default"):
+        token = self.token if token == "default" else token
+        argv = [sys.executable, AGORA, "stdio", "--url", url or self.url]
+        if token:
+            argv += ["--token", token]
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=dict(os.environ, AGORA_AS=""))
+        self.addCleanup(lambda: process.poll() is None and process.kill())
+        self.addCleanup(process.stdout.close)
+        self.addCleanup(process.stderr.close)
+        return process
+
+    def answers(self, process, count):
+        return {message["id"]: message for message in
+                (json.loads(process.stdout.readline()) for _ in range(count))}
+
+    def test_the_bridge_speaks_for_the_remote_agent(self):
+        process = self.start()
+        McpStdioTest.send(process, 0, "initialize", {"protocolVersion": "2025-11-25"})
+        process.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        McpStdioTest.send(process, 1, "tools/list")
+        McpStdioTest.send(process, 2, "tools/call", {"name": "post",
+                                                     "arguments": {"body": "bridged hello"}})
+        McpStdioTest.send(process, 3, "tools/call", {
+            "name": "brief", "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                       "io.modelcontextprotocol/clientCapabilities": {}}})
+        process.stdin.write(b"not json\n")
+        process.stdin.flush()
+        answers = self.answers(process, 5)
+        process.stdin.close()
+        self.assertEqual(process.wait(10), 0)
+        self.assertEqual(answers[0]["result"]["serverInfo"]["name"], "agora")
+        self.assertEqual(len(answers[1]["result"]["tools"]), len(agora.CATALOG))
+        self.assertFalse(answers[2]["result"]["isError"])
+        self.assertEqual((answers[3]["result"]["structuredContent"]["agent"],
+                          answers[3]["result"]["resultType"]), ("bridged", "complete"))
+        self.assertEqual(answers[None]["error"]["code"], -32700)
+        self.assertEqual(process.stdout.read(), b"")
+        history = agora.call(self.store, "history", {"channel": "public"},
+                             agora.Caller("x", True)).body["messages"]
+        self.assertEqual([(m["sender"], m["body"]) for m in history],
+                         [("bridged", "bridged hello")])
+
+    def test_a_long_read_does_not_block_other_calls(self):
+        process = self.start()
+        started = time.monotonic()
+        McpStdioTest.send(process, 1, "tools/call", {"name": "read", "arguments": {"wait": 30}})
+        McpStdioTest.send(process, 2, "ping")
+        self.assertEqual(json.loads(process.stdout.readline())["id"], 2)
+        agora.call(self.store, "post", {"body": "wake up"}, agora.Caller("other", True))
+        answer = json.loads(process.stdout.readline())
+        self.assertEqual(answer["result"]["structuredContent"]["messages"][0]["body"], "wake up")
+        self.assertLess(time.monotonic() - started, 15)
+        process.stdin.close()
+        self.assertEqual(process.wait(10), 0)
+
+    def test_bad_token_and_server_down(self):
+        process = self.start(token="stolen")
+        McpStdioTest.send(process, 1, "tools/call", {"name": "brief"})
+        McpStdioTest.send(process, 2, "tools/list")
+        answers = self.answers(process, 2)
+        self.assertIn("unknown token", answers[1]["error"]["message"])
+        self.assertEqual(len(answers[2]["result"]["tools"]), len(agora.CATALOG))
+        process.stdin.close()
+        process.wait(10)
+        import socket
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            closed = probe.getsockname()[1]
+        process = self.start(url=f"http://127.0.0.1:{closed}")
+        McpStdioTest.send(process, 7, "ping")
+        process.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        process.stdin.close()
+        answer = json.loads(process.stdout.readline())
+        self.assertEqual((answer["id"], answer["error"]["code"]), (7, -32603))
+        self.assertIn("cannot reach agora", answer["error"]["message"])
+        self.assertEqual(process.wait(10), 0)
+        self.assertEqual(process.stdout.read(), b"")
+        self.assertNotIn(b"Traceback", process.stderr.read())
 
 
 class DocsTest(unittest.TestCase):
