@@ -61,3 +61,9 @@ $(INTEROP)/ready: Makefile
 	    --cache $(INTEROP)/npm-cache \
 	    @modelcontextprotocol/inspector@2.12.0 @modelcontextprotocol/conformance@0.1.16
 	touch $@
+
+# Speed and memory against floors measured in the same run (SPEC section 9).
+# Not part of test or CI: it takes a minute and wants a quiet machine.
+.PHONY: bench
+bench:
+	$(PYTHON) .ci/bench.py

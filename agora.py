@@ -19,11 +19,9 @@ The database is ``--db PATH``, else ``$AGORA_DB``, else ``~/.agora/agora.db``.
 
 import contextlib
 import hashlib
-import hmac
 import json
 import os
 import re
-import secrets
 import sqlite3
 import sys
 import threading
@@ -46,6 +44,7 @@ WAIT_POLL = 0.05            # how often a long-poll looks for another process's 
 SYSTEM_SENDER = "agora"     # the board's own voice; nobody can join as it
 TOP_OPEN_TASKS = 3
 BUSY_TIMEOUT = 30
+GROUP_COMMIT_MAX = 64       # write blocks that may share one commit (and one fsync)
 
 SLUG = r"^[a-z0-9._-]{1,48}$"
 CHANNEL_OR_MAILBOX = r"^@?[a-z0-9._-]{1,48}$"
@@ -62,7 +61,7 @@ PATTERN_RULES = {
     PROJECT: '"" or 1-48 characters of a-z 0-9 . _ -',
 }
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE agents (
@@ -188,6 +187,22 @@ CREATE TABLE a2a_messages (
 );
 CREATE INDEX a2a_messages_by_task ON a2a_messages (task_id, id);
 """,
+    # Deduplication by a digest of what makes two posts the same, so a retry is
+    # found with one index probe however fast its sender posts.
+    # A post to a channel counts in it and makes its sender follow it, kept by
+    # a trigger so that the write stays one statement.
+    2: """
+ALTER TABLE messages ADD COLUMN digest INTEGER;
+DROP INDEX messages_by_sender;
+CREATE INDEX messages_by_digest ON messages (sender, digest);
+CREATE TRIGGER messages_in_channel AFTER INSERT ON messages
+WHEN substr(new.channel, 1, 1) != '@' BEGIN
+    UPDATE channels SET count = count + 1 WHERE name = new.channel;
+    INSERT INTO cursors (agent, channel, following, last_id)
+    VALUES (new.sender, new.channel, 1, new.id)
+    ON CONFLICT (agent, channel) DO UPDATE SET following = 1;
+END;
+""",
 }
 
 ###############################################################################
@@ -305,6 +320,14 @@ def hash_token(token):
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+class _Batch:
+    """Write blocks sharing one open transaction until it is committed."""
+
+    def __init__(self, con):
+        self.con, self.size, self.error = con, 0, None
+        self.done = threading.Event()
+
+
 class Store:
     """The SQLite file: pooled connections, transactions and change signals.
 
@@ -318,6 +341,12 @@ class Store:
         self._pool = []
         self._pool_lock = threading.Lock()
         self._changed = threading.Condition()
+        # Writers of this process queue here: SQLite's busy handler would make
+        # them sleep for milliseconds whenever another thread holds the lock.
+        self._write_lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._queued = 0
+        self._batch = None
         self._generation = 0
         self._seen_written = {}
         self._closed = False
@@ -404,28 +433,97 @@ class Store:
 
     @contextlib.contextmanager
     def transaction(self, write=False):
-        """Yield a connection inside one transaction; BEGIN IMMEDIATE when WRITE."""
+        """Yield a connection inside one transaction; an IMMEDIATE one when WRITE.
+
+        Writes are group-committed: when other writers of this process are
+        waiting, the open transaction passes to the next one (each block in its
+        own savepoint, so a block that fails is undone alone), and the last one
+        commits. Every block returns only after that commit: an answered write
+        is on disk, and one fsync serves many writers.
+        """
+        if write:
+            with self._write_block() as con:
+                yield con
+            return
         con = self._acquire()
         try:
-            con.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            con.execute("BEGIN")
             try:
                 yield con
+            finally:
                 con.execute("COMMIT")
-            except BaseException:
-                if con.in_transaction:
-                    con.execute("ROLLBACK")
-                raise
         finally:
             self._release(con)
-        if write:
+
+    @contextlib.contextmanager
+    def _write_block(self):
+        with self._queue_lock:
+            self._queued += 1
+        self._write_lock.acquire()
+        with self._queue_lock:
+            self._queued -= 1
+        batch = self._batch
+        if batch is None:
+            try:
+                con = self._acquire()
+            except BaseException:
+                self._write_lock.release()
+                raise
+            try:
+                con.execute("BEGIN IMMEDIATE")
+            except BaseException:
+                self._release(con)
+                self._write_lock.release()
+                raise
+            batch = self._batch = _Batch(con)
+        batch.con.execute("SAVEPOINT block")
+        try:
+            yield batch.con
+        except BaseException:
+            batch.con.execute("ROLLBACK TO block")
+            batch.con.execute("RELEASE block")
+            self._end_turn(batch)
+            raise
+        batch.con.execute("RELEASE block")
+        self._end_turn(batch)
+        batch.done.wait()
+        if batch.error is not None:
+            raise StoreError(f"the write was not saved: {batch.error}") from batch.error
+
+    def _end_turn(self, batch):
+        """Pass the open transaction to a waiting writer, or commit it."""
+        batch.size += 1
+        with self._queue_lock:
+            waiting = self._queued
+        if waiting and batch.size < GROUP_COMMIT_MAX:
+            self._write_lock.release()
+            return
+        self._batch = None
+        try:
+            batch.con.execute("COMMIT")
+        except BaseException as error:
+            batch.error = error
+            if batch.con.in_transaction:
+                batch.con.execute("ROLLBACK")
+        finally:
+            self._release(batch.con)
+            self._write_lock.release()
+            batch.done.set()
             with self._changed:
                 self._generation += 1
                 self._changed.notify_all()
 
+    def query_one(self, sql, params=()):
+        """Answer the first row of one read-only statement (a transaction of its own)."""
+        con = self._acquire()
+        try:
+            return con.execute(sql, params).fetchone()
+        finally:
+            self._release(con)
+
     def last_message_id(self):
         """Answer the newest message id in the file (0 when there is none)."""
-        with self.transaction() as db:
-            return db.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]
+        return self.query_one("SELECT coalesce(max(id), 0) FROM messages")[0]
 
     def wait(self, ready, timeout):
         """Block until READY() is true or TIMEOUT seconds pass; answer whether it was.
@@ -448,9 +546,8 @@ class Store:
 
     def agent_for_token(self, token):
         """Answer the agent name that holds TOKEN, or None."""
-        with self.transaction() as db:
-            row = db.execute("SELECT name FROM agents WHERE token_hash = ?",
-                             (hash_token(token),)).fetchone()
+        row = self.query_one("SELECT name FROM agents WHERE token_hash = ?",
+                             (hash_token(token),))
         return row[0] if row else None
 
     def touch(self, name, now):
@@ -673,12 +770,16 @@ def _agent_exists(db, name):
         "SELECT 1 FROM agents WHERE name = ?", (name,)).fetchone() is not None
 
 
-def _insert_message(db, channel, sender, body, reply_to, now):
-    cursor = db.execute("INSERT INTO messages (channel, sender, body, reply_to, ts) "
-                        "VALUES (?, ?, ?, ?, ?)", (channel, sender, body, reply_to, now))
-    if not channel.startswith("@"):
-        db.execute("UPDATE channels SET count = count + 1 WHERE name = ?", (channel,))
-    return cursor.lastrowid
+def _digest(channel, body, reply_to):
+    """Answer a 64-bit digest of what makes two posts by one sender the same."""
+    data = f"{channel}\0{reply_to}\0{body}".encode("utf-8")
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "big", signed=True)
+
+
+def _insert_message(db, channel, sender, body, reply_to, now, digest=None):
+    return db.execute("INSERT INTO messages (channel, sender, body, reply_to, ts, digest) "
+                      "VALUES (?, ?, ?, ?, ?, ?)",
+                      (channel, sender, body, reply_to, now, digest)).lastrowid
 
 
 def _tell(db, agent, text, now):
@@ -704,6 +805,8 @@ def _unread(db, me):
            required=["name"], open=True)
 def op_join(store, caller, args, now):
     """Register NAME, or rotate its token when the caller already is NAME."""
+    import hmac
+    import secrets
     name = args["name"]
     if name == SYSTEM_SENDER:
         raise Forbidden(f"{SYSTEM_SENDER} is reserved for the board's own messages",
@@ -911,7 +1014,9 @@ def op_post(store, caller, args, now):
         raise BadRequest("give channel or to, not both")
     if channel is not None and channel.startswith("@"):
         to = channel[1:]
-    with store.transaction(write=True) as db:
+    # Agents, channels and messages are never deleted, so these checks need not
+    # hold the write lock: what exists now still exists at the insert.
+    with store.transaction() as db:
         if to is not None:
             if not _agent_exists(db, to):
                 raise NotFound(f"no agent {to}", hint="agents lists who is here")
@@ -921,17 +1026,19 @@ def op_post(store, caller, args, now):
             _require_channel(db, channel)
         if args["reply_to"] is not None:
             _visible_message(db, args["reply_to"], me)
+    digest = _digest(channel, args["body"], args["reply_to"])
+    with store.transaction(write=True) as db:
         row = db.execute(
-            "SELECT id, ts FROM messages WHERE sender = ? AND ts >= ? AND channel = ? "
-            "AND body = ? AND reply_to IS ? ORDER BY id DESC LIMIT 1",
-            (me, now - DEDUP_SECONDS, channel, args["body"], args["reply_to"])).fetchone()
+            "SELECT id, ts FROM messages WHERE sender = ? AND digest = ? AND ts >= ? "
+            "AND channel = ? AND body = ? AND reply_to IS ? ORDER BY id DESC LIMIT 1",
+            (me, digest, now - DEDUP_SECONDS, channel, args["body"], args["reply_to"])
+        ).fetchone()
         if row:
             return Result(200, {"id": row["id"], "channel": channel, "dup": True},
                           f"#{row['id']} was already posted to {channel} "
                           f"{age(now - row['ts'])} ago; not stored twice")
-        message_id = _insert_message(db, channel, me, args["body"], args["reply_to"], now)
-        if not channel.startswith("@"):
-            _follow(db, me, channel)
+        message_id = _insert_message(db, channel, me, args["body"], args["reply_to"], now,
+                                     digest)
     return Result(200, {"id": message_id, "channel": channel, "dup": False},
                   f"posted #{message_id} to {channel}")
 
@@ -2012,6 +2119,7 @@ def _refusal(result, code):
 
 def _a2a_send(store, caller, params, era, block):
     """Post a task from a message (or add a message to one); block until it ends."""
+    import secrets
     message = params.get("message")
     text = _a2a_text(message)
     configuration = params.get("configuration") or {}
@@ -2694,7 +2802,23 @@ def _parse_address(text):
     return host, int(port)
 
 
-def _build_parser():
+def _command_word(argv):
+    """Answer the command named in ARGV (the first word that is no option), or None."""
+    words = iter(argv)
+    for word in words:
+        if word == "--db":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def _build_parser(command=None):
+    """Answer the argument parser; for an operation, with that operation's parser only.
+
+    Building all of them costs milliseconds that a one-shot command would
+    spend for nothing; the full set is built for help and for unknown words.
+    """
     import argparse
     parser = argparse.ArgumentParser(
         prog="agora", description="Where AI agents meet: channels, mail, tasks and notes.",
@@ -2739,7 +2863,7 @@ def _build_parser():
     identity.add_argument("--as", dest="as_name", metavar="NAME",
                           help="act as this agent on the local file (default $AGORA_AS)")
     identity.add_argument("--json", action="store_true", help="print the JSON body")
-    for op in CATALOG.values():
+    for op in [CATALOG[command]] if command in CATALOG else CATALOG.values():
         sub = commands.add_parser(op.name, parents=[common, identity, remote], help=op.summary,
                                   description=f"{op.summary}\narguments: {op.usage()}")
         sub.add_argument("pairs", nargs="*", metavar="key=value")
@@ -2863,7 +2987,8 @@ def _serve_command(options):
 
 def main(argv=None):
     """Run the command line; answer the exit status (0 ok, 1 refused, 2 usage)."""
-    parser = _build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _build_parser(_command_word(argv))
     try:
         options = parser.parse_args(argv)
     except SystemExit as exit:

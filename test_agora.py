@@ -757,12 +757,15 @@ class StoreFileTest(unittest.TestCase):
         self.assertIn("newer agora", caught.exception.message)
 
     def test_older_schema_is_migrated_in_place(self):
-        store = agora.Store(self.path)
-        agora.call(store, "post", {"body": "from version 1"}, agora.Caller("a", True))
-        store.close()
-        con = sqlite3.connect(self.path)     # make it the version-1 file it once was
-        con.execute("DROP TABLE a2a_tasks")
-        con.execute("DROP TABLE a2a_messages")
+        con = sqlite3.connect(self.path, isolation_level=None)   # a version-1 file
+        for statement in agora.sql_statements(agora.SCHEMA):
+            con.execute(statement)
+        con.execute("INSERT INTO agents (name, created, seen) VALUES ('agora', 0, 0), "
+                    "('a', 0, 0)")
+        con.execute("INSERT INTO channels (name, created_by, created) "
+                    "VALUES ('public', 'agora', 0)")
+        con.execute("INSERT INTO messages (channel, sender, body, ts) "
+                    "VALUES ('public', 'a', 'from version 1', 0)")
         con.execute("PRAGMA user_version = 1")
         con.close()
         store = agora.Store(self.path)
@@ -771,8 +774,13 @@ class StoreFileTest(unittest.TestCase):
             self.assertEqual(db.execute("PRAGMA user_version").fetchone()[0],
                              agora.SCHEMA_VERSION)
             self.assertEqual(db.execute("SELECT count(*) FROM a2a_tasks").fetchone()[0], 0)
-        result = agora.call(store, "history", {"channel": "public"}, agora.Caller("a", True))
-        self.assertEqual([m["body"] for m in result.body["messages"]], ["from version 1"])
+        caller = agora.Caller("a", True)
+        first = agora.call(store, "post", {"body": "after"}, caller).body
+        again = agora.call(store, "post", {"body": "after"}, caller).body
+        self.assertEqual((again["id"], again["dup"]), (first["id"], True))
+        result = agora.call(store, "history", {"channel": "public"}, caller)
+        self.assertEqual([m["body"] for m in result.body["messages"]],
+                         ["from version 1", "after"])
 
     def test_not_a_database(self):
         with open(self.path, "wb") as f:

@@ -1,0 +1,306 @@
+"""make bench: agora's speed and memory beside floors measured in the same run.
+
+This machine is shared and noisy, so every figure is a median over rounds that
+alternate agora and its floor, and the verdict is a ratio (SPEC section 9):
+
+- REST post and MCP tools/call post throughput, 8 keep-alive clients, against a
+  bare ThreadingHTTPServer answering a fixed JSON (the stdlib HTTP floor);
+- one-shot CLI post wall time against a bare python3 that opens the file and
+  inserts one row in a transaction (the CLI floor);
+- read and brief latency with 1,000,000 messages against 1,000;
+- the server's peak RSS after the load.
+
+Also reported, with no target yet: read wait wake-up after a post from another
+process, claim throughput under contention, search latency at 1M messages.
+Standard library only; loopback only; it stops by itself.
+"""
+
+import http.client
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import agora  # noqa: E402
+
+AGORA = os.path.join(ROOT, "agora.py")
+CLIENTS = 8
+SECONDS = 2.0           # per throughput round
+ROUNDS = 3
+BIG = 1_000_000
+SMALL = 1_000
+
+FLOOR_SERVER = r"""
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Floor(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    answer = b'{"id":1,"channel":"public","dup":false}'
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.answer)))
+        self.end_headers()
+        self.wfile.write(self.answer)
+
+    def log_message(self, *args):
+        pass
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+server = Server(("127.0.0.1", 0), Floor)
+print(f"floor listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
+server.serve_forever()
+"""
+
+CLI_FLOOR = """
+import sqlite3, sys
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("PRAGMA synchronous = FULL")
+con.execute("BEGIN IMMEDIATE")
+con.execute("INSERT INTO messages (channel, sender, body, reply_to, ts) "
+            "VALUES ('public', 'floor', 'one row', NULL, 0)")
+con.execute("COMMIT")
+con.close()
+"""
+
+
+def start(argv):
+    """Start a server process; answer (process, port) from its first line."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    return process, int(line.split("http://127.0.0.1:")[1].split()[0])
+
+
+def stop(process):
+    process.terminate()
+    process.wait(10)
+
+
+def throughput(port, path, make_body, token=None):
+    """Answer requests per second from CLIENTS keep-alive clients for SECONDS."""
+    counts, errors = [0] * CLIENTS, []
+    start_line = threading.Barrier(CLIENTS + 1)
+    deadline = [0.0]
+
+    def client(index):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        start_line.wait()
+        sequence = 0
+        while time.perf_counter() < deadline[0]:
+            sequence += 1
+            conn.request("POST", path, body=make_body(index, sequence), headers=headers)
+            response = conn.getresponse()
+            response.read()
+            if response.status != 200:
+                errors.append(response.status)
+            counts[index] += 1
+        conn.close()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    deadline[0] = time.perf_counter() + SECONDS
+    began = time.perf_counter()
+    start_line.wait()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise SystemExit(f"{path}: {len(errors)} requests failed, e.g. HTTP {errors[0]}")
+    return sum(counts) / (time.perf_counter() - began)
+
+
+def rest_post(index, sequence):
+    return json.dumps({"body": f"bench message {index}-{sequence}"}).encode()
+
+
+def mcp_post(index, sequence):
+    return json.dumps({"jsonrpc": "2.0", "id": sequence, "method": "tools/call",
+                       "params": {"name": "post",
+                                  "arguments": {"body": f"mcp message {index}-{sequence}"}}}
+                      ).encode()
+
+
+def peak_rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def build_file(path, count):
+    """Make an agora file holding COUNT messages, fast (one statement, one transaction)."""
+    store = agora.Store(path)
+    agora.call(store, "brief", {}, agora.Caller("reader", True))
+    with store.transaction(write=True) as db:
+        db.execute("WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n "
+                   "LIMIT ?) INSERT INTO messages (channel, sender, body, reply_to, ts) "
+                   "SELECT CASE WHEN x % 10 = 0 THEN '@reader' ELSE 'public' END, "
+                   "'writer' || (x % 7), 'message ' || x || ' about the parser and tests "
+                   "number ' || (x % 1000), NULL, 1700000000 + x FROM n", (count,))
+        db.execute("UPDATE channels SET count = ? WHERE name = 'public'", (count,))
+        db.execute("UPDATE cursors SET last_id = (SELECT max(id) FROM messages) "
+                   "WHERE agent = 'reader'")
+    return store
+
+
+def latency(store, op, args, setup=None, runs=200):
+    """Answer the median milliseconds of OP through dispatch (SETUP runs untimed first)."""
+    times = []
+    reader = agora.Caller("reader", True)
+    for i in range(runs):
+        if setup:
+            setup(i)
+        began = time.perf_counter()
+        result = agora.call(store, op, args, reader)
+        times.append((time.perf_counter() - began) * 1000)
+        assert result.status == 200, result.text
+    return statistics.median(times)
+
+
+def wall(make_argv, runs=15):
+    """Answer the median milliseconds of running make_argv(i) as a process."""
+    times = []
+    for i in range(runs):
+        argv = make_argv(i)
+        began = time.perf_counter()
+        subprocess.run(argv, check=True, capture_output=True)
+        times.append(time.perf_counter() - began)
+    return statistics.median(times) * 1000
+
+
+def main():
+    """Measure every figure and print the table; exit 1 if a target is missed."""
+    work = tempfile.mkdtemp(prefix="agora-bench-")
+    rows, notes = [], []
+    try:
+        # Throughput: alternate floor and agora rounds, keep medians.
+        db = os.path.join(work, "serve.db")
+        server, port = start([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
+                              "--db", db, "--quiet"])
+        floor, floor_port = start([sys.executable, "-c", FLOOR_SERVER])
+        token = json.loads(subprocess.run(
+            [sys.executable, AGORA, "join", "name=bench", "--json", "--db", db],
+            check=True, capture_output=True, text=True).stdout)["token"]
+        floors, rests, mcps = [], [], []
+        for _ in range(ROUNDS):
+            floors.append(throughput(floor_port, "/", rest_post))
+            rests.append(throughput(port, "/api/post", rest_post, token))
+            mcps.append(throughput(port, "/mcp", mcp_post, token))
+        floor_rate = statistics.median(floors)
+        rows.append(("REST post, 8 clients (req/s)", statistics.median(rests), floor_rate,
+                     "ratio >= 0.60", lambda r: r >= 0.60))
+        rows.append(("MCP tools/call post, 8 clients (req/s)", statistics.median(mcps),
+                     floor_rate, "ratio >= 0.50", lambda r: r >= 0.50))
+
+        # Claims under contention, over REST (reported only).
+        store = agora.Store(db)
+        for i in range(3000):
+            agora.call(store, "post_task", {"title": f"bench task {i}"},
+                       agora.Caller("poster", True))
+        claim_rate = throughput(port, "/api/claim", lambda i, s: b"{}", token)
+        notes.append(f"claim throughput, 8 clients contending: {claim_rate:.0f} claims/s")
+
+        # read wait wake-up after a post from another process (reported only).
+        wakeups = []
+        agora.call(store, "brief", {}, agora.Caller("waiter", True))
+        for _ in range(10):
+            got = []
+            waiter = threading.Thread(target=lambda: got.append(
+                (agora.call(store, "read", {"wait": 10}, agora.Caller("waiter", True)),
+                 time.time())))
+            waiter.start()
+            time.sleep(0.2)
+            posted = subprocess.run(
+                [sys.executable, "-c", "import sys, time, agora; s = agora.Store(sys.argv[1]); "
+                 "agora.call(s, 'post', {'body': 'wake ' + sys.argv[2]}, agora.Caller('waker', True)); "
+                 "print(time.time()); s.close()", db, str(len(wakeups))], cwd=ROOT, check=True,
+                capture_output=True, text=True)
+            waiter.join()
+            wakeups.append((got[0][1] - float(posted.stdout)) * 1000)
+        notes.append(f"read wait wake-up after a post from another process: median "
+                     f"{statistics.median(wakeups):.0f} ms (max {max(wakeups):.0f} ms)")
+        store.close()
+        rss = peak_rss_mb(server.pid)
+        rows.append(("server peak RSS after the load (MB)", rss, None, "<= 50 MB",
+                     lambda value: value <= 50))
+        stop(server)
+        stop(floor)
+
+        # One-shot CLI post against its floor.
+        cli_db = os.path.join(work, "cli.db")
+        agora.Store(cli_db).close()
+        cli, cli_floor = [], []
+        for _ in range(ROUNDS):
+            cli.append(wall(lambda i: [sys.executable, AGORA, "post", f"body=one shot {i}",
+                                       "--as", "cli", "--db", cli_db]))
+            cli_floor.append(wall(lambda i: [sys.executable, "-c", CLI_FLOOR, cli_db]))
+        cli, cli_floor = statistics.median(cli), statistics.median(cli_floor)
+        rows.append(("one-shot CLI post (ms)", cli, cli_floor, "ratio <= 1.30",
+                     lambda r: r <= 1.30))
+
+        # Latency with 1,000 and 1,000,000 messages.
+        latencies = {}
+        for count in (SMALL, BIG):
+            began = time.perf_counter()
+            store = build_file(os.path.join(work, f"m{count}.db"), count)
+            built = time.perf_counter() - began
+            sequence = [0]
+
+            def post_one(i):
+                sequence[0] += 1
+                agora.call(store, "post", {"body": f"new {sequence[0]}"},
+                           agora.Caller("writer", True))
+            latencies[count] = {
+                "read": latency(store, "read", {}, setup=post_one),
+                "brief": latency(store, "brief", {}, setup=post_one),
+                "search": latency(store, "search", {"q": "parser number 999"}, runs=30),
+            }
+            notes.append(f"built a {count:,}-message file in {built:.1f} s")
+            store.close()
+        for op in ("read", "brief"):
+            rows.append((f"{op} median latency at 1M vs 1k messages (ms)",
+                         latencies[BIG][op], latencies[SMALL][op], "ratio <= 1.50",
+                         lambda r: r <= 1.50))
+        notes.append(f"search median latency: {latencies[BIG]['search']:.1f} ms at 1M "
+                     f"messages, {latencies[SMALL]['search']:.1f} ms at 1k")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"\nagora {agora.__version__} bench (medians of {ROUNDS} alternating rounds where "
+          "a floor is measured)\n")
+    print(f"{'figure':<46} {'agora':>10} {'floor':>10} {'ratio':>7}  {'target':<14} verdict")
+    failed = 0
+    for name, value, floor_value, target, passes in rows:
+        ratio = value / floor_value if floor_value else None
+        ok = passes(ratio if ratio is not None else value)
+        failed += not ok
+        floor_text = f"{floor_value:.1f}" if floor_value else "-"
+        ratio_text = f"{ratio:.2f}" if ratio is not None else "-"
+        print(f"{name:<46} {value:>10.1f} {floor_text:>10} {ratio_text:>7}  {target:<14} "
+              f"{'PASS' if ok else 'FAIL'}")
+    print()
+    for note in notes:
+        print(f"  {note}")
+    print(f"\n{len(rows) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
