@@ -391,7 +391,8 @@ class Store:
             for step in range(version, SCHEMA_VERSION):
                 for statement in sql_statements(MIGRATIONS[step]):
                     con.execute(statement)
-            con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            if version != SCHEMA_VERSION:       # a header write costs an fsync: only once
+                con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             con.execute("COMMIT")
         except BaseException:
             if con.in_transaction:
