@@ -465,18 +465,8 @@ class Store:
             self._queued -= 1
         batch = self._batch
         if batch is None:
-            try:
-                con = self._acquire()
-            except BaseException:
-                self._write_lock.release()
-                raise
-            try:
-                con.execute("BEGIN IMMEDIATE")
-            except BaseException:
-                self._release(con)
-                self._write_lock.release()
-                raise
-            batch = self._batch = _Batch(con)
+            yield from self._open_batch()
+            return
         batch.con.execute("SAVEPOINT block")
         try:
             yield batch.con
@@ -487,6 +477,35 @@ class Store:
             raise
         batch.con.execute("RELEASE block")
         self._end_turn(batch)
+        self._await_commit(batch)
+
+    def _open_batch(self):
+        """Run the first block of a new batch: alone in its transaction, so no savepoint."""
+        try:
+            con = self._acquire()
+        except BaseException:
+            self._write_lock.release()
+            raise
+        try:
+            con.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._release(con)
+            self._write_lock.release()
+            raise
+        batch = self._batch = _Batch(con)
+        try:
+            yield con
+        except BaseException:
+            self._batch = None
+            con.execute("ROLLBACK")
+            self._release(con)
+            self._write_lock.release()
+            raise
+        self._end_turn(batch)
+        self._await_commit(batch)
+
+    @staticmethod
+    def _await_commit(batch):
         batch.done.wait()
         if batch.error is not None:
             raise StoreError(f"the write was not saved: {batch.error}") from batch.error
@@ -777,15 +796,10 @@ def _digest(channel, body, reply_to):
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "big", signed=True)
 
 
-def _insert_message(db, channel, sender, body, reply_to, now, digest=None):
-    return db.execute("INSERT INTO messages (channel, sender, body, reply_to, ts, digest) "
-                      "VALUES (?, ?, ?, ?, ?, ?)",
-                      (channel, sender, body, reply_to, now, digest)).lastrowid
-
-
 def _tell(db, agent, text, now):
     """Post TEXT into AGENT's mailbox as the board itself."""
-    _insert_message(db, mailbox(agent), SYSTEM_SENDER, text, None, now)
+    db.execute("INSERT INTO messages (channel, sender, body, ts) VALUES (?, ?, ?, ?)",
+               (mailbox(agent), SYSTEM_SENDER, text, now))
 
 
 def _unread(db, me):
@@ -1000,6 +1014,11 @@ def _visible_message(db, message_id, me):
     return row
 
 
+# The identical post by the same sender within DEDUP_SECONDS (one index probe).
+SAME_POST = ("sender = :sender AND digest = :digest AND ts >= :since AND channel = :channel "
+             "AND body = :body AND reply_to IS :reply_to")
+
+
 @operation("post", "Post to a channel (default public), or send direct mail with to=AGENT. "
            "An identical post within 10 s is not stored twice.",
            {"body": MESSAGE_BODY,
@@ -1017,29 +1036,35 @@ def op_post(store, caller, args, now):
         to = channel[1:]
     # Agents, channels and messages are never deleted, so these checks need not
     # hold the write lock: what exists now still exists at the insert.
-    with store.transaction() as db:
-        if to is not None:
-            if not _agent_exists(db, to):
-                raise NotFound(f"no agent {to}", hint="agents lists who is here")
-            channel = mailbox(to)
-        else:
-            channel = channel or "public"
-            _require_channel(db, channel)
-        if args["reply_to"] is not None:
-            _visible_message(db, args["reply_to"], me)
-    digest = _digest(channel, args["body"], args["reply_to"])
+    if to is not None:
+        if to == SYSTEM_SENDER or not store.query_one(
+                "SELECT 1 FROM agents WHERE name = ?", (to,)):
+            raise NotFound(f"no agent {to}", hint="agents lists who is here")
+        channel = mailbox(to)
+    else:
+        channel = channel or "public"
+        if not store.query_one("SELECT 1 FROM channels WHERE name = ?", (channel,)):
+            raise NotFound(f"no channel {channel}", hint="channels lists them")
+    if args["reply_to"] is not None:
+        row = store.query_one("SELECT channel, sender FROM messages WHERE id = ?",
+                              (args["reply_to"],))
+        if row is None or not _may_see(row, me):
+            raise NotFound(f"no message #{args['reply_to']}")
+    same = {"channel": channel, "sender": me, "body": args["body"],
+            "reply_to": args["reply_to"], "now": now, "since": now - DEDUP_SECONDS,
+            "digest": _digest(channel, args["body"], args["reply_to"])}
     with store.transaction(write=True) as db:
-        row = db.execute(
-            "SELECT id, ts FROM messages WHERE sender = ? AND digest = ? AND ts >= ? "
-            "AND channel = ? AND body = ? AND reply_to IS ? ORDER BY id DESC LIMIT 1",
-            (me, digest, now - DEDUP_SECONDS, channel, args["body"], args["reply_to"])
-        ).fetchone()
-        if row:
+        inserted = db.execute(
+            "INSERT INTO messages (channel, sender, body, reply_to, ts, digest) "
+            "SELECT :channel, :sender, :body, :reply_to, :now, :digest WHERE NOT EXISTS "
+            f"(SELECT 1 FROM messages WHERE {SAME_POST})", same)
+        if not inserted.rowcount:
+            row = db.execute(f"SELECT id, ts FROM messages WHERE {SAME_POST} "
+                             "ORDER BY id DESC LIMIT 1", same).fetchone()
             return Result(200, {"id": row["id"], "channel": channel, "dup": True},
                           f"#{row['id']} was already posted to {channel} "
                           f"{age(now - row['ts'])} ago; not stored twice")
-        message_id = _insert_message(db, channel, me, args["body"], args["reply_to"], now,
-                                     digest)
+        message_id = inserted.lastrowid
     return Result(200, {"id": message_id, "channel": channel, "dup": False},
                   f"posted #{message_id} to {channel}")
 
@@ -2305,7 +2330,12 @@ def a2a_handle(store, data, caller, headers, block=A2A_DEFAULT_BLOCK):
 # HTTP: REST, MCP and A2A #####################################################
 ###############################################################################
 
-IDLE_TIMEOUT = 30           # seconds a connection may sit idle or stall mid-request
+IDLE_TIMEOUT = 30           # seconds a keep-alive connection may wait for its next request
+REQUEST_TIMEOUT = 10        # seconds a client has to send a whole request, once begun
+SEND_TIMEOUT = 30           # seconds an answer may take to be taken by a slow reader
+REAP_INTERVAL = 0.5         # how often the watchdog looks for connections past their time
+MAX_CONNECTIONS = 512       # open connections; more get 503 at once
+MAX_HEADER_BYTES = 16384    # request headers in all
 
 
 def catalog_json():
@@ -2339,7 +2369,36 @@ class RequestHandler:
     server_version = f"agora/{__version__}"
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True      # else Nagle + delayed ACK add ~40 ms per answer
-    timeout = IDLE_TIMEOUT
+    # Errors http.server answers itself (bad request line, 414, 431, 501): plain text.
+    error_content_type = "text/plain; charset=utf-8"
+    error_message_format = "%(code)d %(message)s\n"
+    # No socket timeout: it turns every read and write into two system calls. The
+    # server's watchdog closes connections that idle, send slowly or stall instead.
+    timeout = None
+
+    def setup(self):
+        """Register the connection with the watchdog, idle until a request begins."""
+        super().setup()
+        self.server.watch(self.connection, IDLE_TIMEOUT, opened=True)
+
+    def finish(self):
+        """Forget the connection."""
+        try:
+            super().finish()
+        finally:
+            self.server.watch(self.connection, None, closed=True)
+
+    def parse_request(self):
+        """Give the request REQUEST_TIMEOUT to arrive whole; refuse oversized headers."""
+        self.server.watch(self.connection, REQUEST_TIMEOUT)
+        if not super().parse_request():
+            return False
+        if sum(len(key) + len(value) + 4 for key, value in self.headers.items()) > \
+                MAX_HEADER_BYTES:
+            self.close_connection = True
+            self.send_error(431, f"request headers over {MAX_HEADER_BYTES} bytes")
+            return False
+        return True
 
     def do_GET(self):
         """Answer a GET."""
@@ -2367,6 +2426,7 @@ class RequestHandler:
         self.log_face, self.log_agent, self.log_what = "rest", "-", "-"
         try:
             body = self.read_body()
+            self.server.watch(self.connection, None)     # handling may wait (long polls)
             status, payload, headers = self.route(method, body)
         except HTTPFailure as failure:
             if failure.close:
@@ -2542,28 +2602,87 @@ class RequestHandler:
         return caller
 
     def send(self, status, payload, headers):
-        """Write one whole answer."""
-        self.send_response(status)
+        """Write one whole answer in a single write, then wait for the next request."""
+        lines = [f"{self.protocol_version} {status} {self.responses.get(status, ('',))[0]}",
+                 f"Server: {self.server_version}", f"Date: {self.date_time_string()}",
+                 f"Content-Length: {len(payload)}"]
         if payload and not any(key == "Content-Type" for key, _ in headers):
-            self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(payload)))
-        for key, value in headers:
-            self.send_header(key, value)
+            lines.append("Content-Type: application/json; charset=utf-8")
+        lines += [f"{key}: {value}" for key, value in headers]
         if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(payload)
+            lines.append("Connection: close")
+        self.server.watch(self.connection, SEND_TIMEOUT)
+        self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload)
+        self.server.watch(self.connection, IDLE_TIMEOUT)
 
     def log_message(self, format, *args):
         """Stay quiet: handle_method logs one line per request itself."""
 
 
 class Server:
-    """The listening side: mixed into ThreadingHTTPServer by make_server()."""
+    """The listening side: mixed into ThreadingHTTPServer by make_server().
+
+    A watchdog thread closes connections that stay too long in one state (idle,
+    sending a request, taking an answer), so idle and slow clients cost a
+    sleeping thread each, never the others' service; past MAX_CONNECTIONS a new
+    connection gets 503 at once.
+    """
 
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128            # the stdlib's 5 resets connections in a burst
+
+    def start_watchdog(self):
+        """Start the thread that closes connections past their time."""
+        self.deadlines, self.open_connections = {}, set()
+        self.watch_lock = threading.Lock()
+        self.watchdog_stop = threading.Event()
+        threading.Thread(target=self._reap, name="agora-watchdog", daemon=True).start()
+
+    def watch(self, connection, seconds, opened=False, closed=False):
+        """Close CONNECTION unless it moves on within SECONDS (None: no limit)."""
+        with self.watch_lock:
+            if opened:
+                self.open_connections.add(connection)
+            if closed:
+                self.open_connections.discard(connection)
+            if seconds is None:
+                self.deadlines.pop(connection, None)
+            else:
+                self.deadlines[connection] = time.monotonic() + seconds
+
+    def _reap(self):
+        import socket
+        while not self.watchdog_stop.wait(REAP_INTERVAL):
+            now = time.monotonic()
+            with self.watch_lock:
+                late = [conn for conn, deadline in self.deadlines.items() if deadline <= now]
+                for conn in late:
+                    del self.deadlines[conn]
+            for conn in late:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)     # wakes the thread blocked on it
+                except OSError:
+                    pass
+
+    def process_request(self, request, client_address):
+        """Serve a connection in a thread, or refuse it at once past the cap."""
+        with self.watch_lock:
+            full = len(self.open_connections) >= MAX_CONNECTIONS
+        if full:
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                                b"Connection: close\r\nRetry-After: 1\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def server_close(self):
+        """Stop the watchdog and close the listening socket."""
+        self.watchdog_stop.set()
+        super().server_close()
 
     def handle_error(self, request, client_address):
         """Ignore clients that hang up or time out; log anything else."""
@@ -2597,6 +2716,7 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), quie
     server_class = type("AgoraServer", (Server, ThreadingHTTPServer), {
         "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
     server = server_class((host.strip("[]"), port), handler)
+    server.start_watchdog()
     server.store, server.quiet = store, quiet
     server.public_url, server.a2a_guest, server.a2a_block = public_url, a2a_guest, a2a_block
     port = server.server_address[1]

@@ -1066,24 +1066,81 @@ class RestTest(ServerCase):
 
 
 class SlowClientTest(ServerCase):
+    """The watchdog: idle, slow-sending and slow-reading clients are let go."""
 
     def setUp(self):
+        for name, value in (("IDLE_TIMEOUT", 1.0), ("REQUEST_TIMEOUT", 0.6),
+                            ("REAP_INTERVAL", 0.1)):
+            self.addCleanup(setattr, agora, name, getattr(agora, name))
+            setattr(agora, name, value)
         super().setUp()
-        self.server.RequestHandlerClass.timeout = 0.5
 
-    def test_idle_and_slow_connections_time_out(self):
+    def connect(self):
         import socket
-        idle = socket.create_connection(("127.0.0.1", self.port))
-        slow = socket.create_connection(("127.0.0.1", self.port))
-        self.addCleanup(idle.close)
-        self.addCleanup(slow.close)
+        sock = socket.create_connection(("127.0.0.1", self.port))
+        self.addCleanup(sock.close)
+        sock.settimeout(5)
+        return sock
+
+    def closed_within(self, sock, seconds):
+        started = time.monotonic()
+        data = b""
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        self.assertLess(time.monotonic() - started, seconds)
+        return data
+
+    def test_idle_and_slow_connections_are_closed_and_others_served(self):
+        idle = self.connect()
+        slow = self.connect()
         slow.sendall(b"GET /api HTTP/1.1\r\nHost: 127.0.0.1\r\n")   # never finished
         self.assertEqual(self.request("GET", "/api")[0], 200)        # others are served
-        for sock in (idle, slow):
-            sock.settimeout(5)
-            started = time.monotonic()
-            self.assertEqual(sock.recv(100), b"")                       # closed by the server
-            self.assertLess(time.monotonic() - started, 4)
+        self.assertEqual(self.closed_within(slow, 2.5), b"")          # REQUEST_TIMEOUT
+        self.assertEqual(self.closed_within(idle, 2.5), b"")          # IDLE_TIMEOUT
+
+    def test_slowloris_trickle_does_not_keep_a_connection(self):
+        sock = self.connect()
+        started = time.monotonic()
+        sock.sendall(b"GET /api HTTP/1.1\r\n")
+        with self.assertRaises(OSError):
+            for _ in range(40):                     # one header byte every 0.1 s
+                sock.sendall(b"X")
+                time.sleep(0.1)
+        self.assertLess(time.monotonic() - started, 3)
+
+    def test_keep_alive_connection_serves_again_after_a_pause(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        self.addCleanup(conn.close)
+        for pause in (0, 0.5):
+            time.sleep(pause)                       # within IDLE_TIMEOUT
+            conn.request("GET", "/api")
+            response = conn.getresponse()
+            response.read()
+            self.assertEqual(response.status, 200)
+
+    def test_oversized_headers_are_refused(self):
+        sock = self.connect()
+        sock.sendall(b"GET /api HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+                     b"".join(b"X-Pad-%d: %s\r\n" % (i, b"y" * 500) for i in range(40)) +
+                     b"\r\n")
+        answer = self.closed_within(sock, 3)
+        self.assertTrue(answer.startswith(b"HTTP/1.1 431"), answer[:60])
+        self.assertTrue(answer.endswith(b"431 request headers over 16384 bytes\n"), answer[-80:])
+
+    def test_a_cap_on_open_connections(self):
+        self.addCleanup(setattr, agora, "MAX_CONNECTIONS", agora.MAX_CONNECTIONS)
+        agora.MAX_CONNECTIONS = 3
+        held = [self.connect() for _ in range(3)]
+        time.sleep(0.2)
+        extra = self.connect()
+        self.assertTrue(self.closed_within(extra, 2).startswith(b"HTTP/1.1 503"))
+        for sock in held:
+            sock.close()
+        time.sleep(0.3)
+        self.assertEqual(self.request("GET", "/api")[0], 200)
 
 
 class JoinKeyServerTest(ServerCase):
