@@ -1614,6 +1614,8 @@ def _check_value(name, rule, value):
         raise BadRequest(f"{name} must be a string")
     if "\x00" in value:
         raise BadRequest(f"{name} must not contain NUL characters")
+    if not _is_unicode(value):
+        raise BadRequest(f"{name} must be valid Unicode text (it holds a lone surrogate)")
     if "enum" in rule and value not in rule["enum"]:
         raise BadRequest(f"{name} must be one of {', '.join(rule['enum'])} (got {value!r:.60})")
     if "pattern" in rule and not re.search(rule["pattern"], value):
@@ -1622,6 +1624,15 @@ def _check_value(name, rule, value):
         raise BadRequest(f"{name} must be {rule['minLength']}-{rule['maxLength']} "
                          f"characters (got {len(value)})")
     return value
+
+
+def _is_unicode(text):
+    """Answer whether TEXT can be stored and sent: no lone surrogates (JSON allows them)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def validate(op, args):
@@ -2152,6 +2163,8 @@ def _a2a_send(store, caller, params, era, block):
     immediately = (configuration.get("returnImmediately") is True if era == "1.0"
                    else configuration.get("blocking") is False)
     message_id = str(message.get("messageId") or secrets.token_hex(8))
+    if not (_is_unicode(message_id) and len(message_id) <= 200):
+        raise RpcError(-32602, "messageId must be Unicode text of at most 200 characters")
     if message.get("taskId") is not None:
         task = _a2a_board_task(store, caller, message["taskId"])
         with store.transaction() as db:
@@ -2183,6 +2196,8 @@ def _a2a_send(store, caller, params, era, block):
         context_id = message.get("contextId")
         if not isinstance(context_id, str) or not context_id:
             context_id = secrets.token_hex(16)
+        elif not (_is_unicode(context_id) and len(context_id) <= 200):
+            raise RpcError(-32602, "contextId must be Unicode text of at most 200 characters")
         with store.transaction(write=True) as db:
             db.execute("INSERT INTO a2a_tasks (task_id, context_id, message_id) VALUES (?, ?, ?)",
                        (task_id, context_id, message_id))
@@ -2347,8 +2362,8 @@ def catalog_json():
 
 
 def json_bytes(value):
-    """Encode VALUE as compact UTF-8 JSON."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    """Encode VALUE as compact JSON; escaped to ASCII, so any string can be sent."""
+    return json.dumps(value, separators=(",", ":")).encode("ascii")
 
 
 class HTTPFailure(Exception):
@@ -2510,7 +2525,7 @@ class RequestHandler:
         headers = self.challenge(result.status)
         if self.wants_text():
             headers.append(("Content-Type", "text/plain; charset=utf-8"))
-            return result.status, (result.text + "\n").encode("utf-8"), headers
+            return result.status, (result.text + "\n").encode("utf-8", "replace"), headers
         return result.status, json_bytes(result.body), headers
 
     def route_mcp(self, method, body):

@@ -732,6 +732,55 @@ class ValidationTest(StoreCase):
             self.assertTrue(op.summary.endswith("."), op.name)
 
 
+# Values no schema expects: wrong types, extremes, encodings, injections, path tricks.
+NASTY = ["", " ", "a" * 20000, "\x00", "a\x00b", "\ud800", "x\udfff", "😀" * 60, "\u202e",
+         "'; DROP TABLE messages; --", "\" OR 1=1 --", "../../etc/passwd", "a/../b", "/", "//",
+         "%", "_", "\\", "@", "@@", "NaN", "1e9", "0x10", "-0", "  7 ", None, True, False, 0,
+         -1, 2 ** 31, 2 ** 63, -2 ** 63 - 1, 2 ** 64, 1.5, -0.0, 1e308, [], {}, [1, "a"],
+         {"a": {"b": []}}, ["\ud800"], "tag1,,tag2", ",", "a" * 49]
+BASE_ARGS = {"body": "fuzz body", "title": "fuzz", "name": "fuzzed", "channel": "public",
+             "q": "fuzz", "key": "fuzz/key", "id": 1, "about": "x"}
+
+
+class FuzzTest(StoreCase):
+    """Every operation, every argument, every nasty value: never a 5xx, never a traceback."""
+
+    def fuzz_calls(self):
+        for op in agora.CATALOG.values():
+            base = {k: v for k, v in BASE_ARGS.items() if k in op.required}
+            for prop in op.schema["properties"]:
+                for value in NASTY:
+                    if prop == "wait" and value not in (0, -1, 2 ** 63, "NaN", None, []):
+                        continue                    # a valid wait would only make it slow
+                    yield op.name, dict(base, **{prop: value})
+            yield op.name, dict(base, unknown_argument=1)
+            yield op.name, "not an object"
+
+    def test_dispatch_never_fails_with_a_5xx(self):
+        self.ok("post_task", title="a task to aim at")
+        self.ok("post", body="a message to aim at")
+        stderr = io.StringIO()
+        tried = 0
+        with contextlib.redirect_stderr(stderr):
+            for name, args in self.fuzz_calls():
+                result = agora.call(self.store, name, args, agora.Caller("fuzzer", True), T0)
+                tried += 1
+                self.assertLess(result.status, 500, f"{name} {str(args)[:80]}: {result.text}")
+                json.dumps(result.body)
+                result.text.encode("utf-8")
+        self.assertGreater(tried, 2000)
+        self.assertEqual(stderr.getvalue(), "")
+        self.assertEqual(self.ok("post", body="still fine")["dup"], False)
+        with self.store.transaction() as db:
+            self.assertEqual(db.execute("PRAGMA integrity_check").fetchone()[0], "ok")
+
+    def test_stored_text_reads_back_exactly(self):
+        for body in ("😀 café ünïcode ✓", "'; DROP TABLE messages; --", "a\tb\nc", "\u202e"):
+            message_id = self.ok("post", body=body)["id"]
+            self.assertEqual(self.ok("message", id=message_id)["message"]["body"], body)
+        self.assertIn("Unicode", self.refused(400, "post", body="\ud800"))
+
+
 class StoreFileTest(unittest.TestCase):
 
     def setUp(self):
@@ -927,15 +976,17 @@ class ServerCase(unittest.TestCase):
     def request(self, method, path, body=None, token=None, headers=None, raw=None):
         """Send one request on a new connection; answer (status, headers, parsed body)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        self.addCleanup(conn.close)
         sent = dict(headers or {})
         if token:
             sent["Authorization"] = f"Bearer {token}"
         payload = raw if raw is not None else (
             json.dumps(body).encode() if body is not None else None)
-        conn.request(method, path, body=payload, headers=sent)
-        response = conn.getresponse()
-        data = response.read()
+        try:
+            conn.request(method, path, body=payload, headers=sent)
+            response = conn.getresponse()
+            data = response.read()
+        finally:
+            conn.close()
         kind = response.getheader("Content-Type", "")
         parsed = json.loads(data) if kind.startswith("application/json") else data.decode()
         return response.status, response, parsed
@@ -1141,6 +1192,183 @@ class SlowClientTest(ServerCase):
             sock.close()
         time.sleep(0.3)
         self.assertEqual(self.request("GET", "/api")[0], 200)
+
+
+class HostileHttpTest(ServerCase):
+    """Malformed HTTP, JSON and JSON-RPC on every face: 4xx at most, and service goes on."""
+
+    def raw(self, data):
+        import socket
+        sock = socket.create_connection(("127.0.0.1", self.port))
+        try:
+            sock.settimeout(5)
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+            answer = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return answer
+                answer += chunk
+        except OSError:
+            return b""
+        finally:
+            sock.close()
+
+    def test_malformed_requests(self):
+        token = self.join("alice")
+        auth = f"Authorization: Bearer {token}\r\n".encode()
+        requests = [
+            b"", b"\r\n\r\n", b"GARBAGE\r\n\r\n", b"GET\r\n\r\n", b"\x00\xff\xfe\r\n\r\n",
+            b"GET /api HTTP/9.9\r\n\r\n", b"GET " + b"/a" * 40000 + b" HTTP/1.1\r\n\r\n",
+            b"POST /api/post HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+            b"POST /api/post HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
+            b"POST /api/post HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            b"POST /api/post HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            b"POST /api/post HTTP/1.1\r\n" + auth + b"Content-Length: 50\r\n\r\n{\"body\": \"trunc",
+            b"POST /api/post HTTP/1.1\r\n" + auth + b"Content-Length: 14\r\n\r\n{\"body\": \"\xff\"}",
+            b"POST /api/post HTTP/1.1\r\n" + auth + b"Content-Length: 2\r\n\r\n[]",
+            b"POST /api/post HTTP/1.1\r\n" + auth + b"Content-Length: 18\r\n\r\n{\"body\": \"\\ud800\"}",
+            b"GET /api/history?channel=%FF%FE&limit=%00 HTTP/1.1\r\n" + auth + b"\r\n",
+            b"GET /api/agents?limit=1&limit=2&x HTTP/1.1\r\n" + auth + b"\r\n",
+            b"GET /%2e%2e/%2e%2e/etc/passwd HTTP/1.1\r\n\r\n",
+            b"POST /mcp HTTP/1.1\r\nContent-Length: 1\r\n\r\n{",
+            b"POST /mcp HTTP/1.1\r\nContent-Length: 31\r\n\r\n{\"jsonrpc\":\"2.0\",\"method\":\"\\ud800\"}",
+            b"POST /mcp HTTP/1.1\r\nContent-Length: 48\r\n\r\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\\ud800x\"}   ",
+            b"POST /a2a HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 3\r\n\r\n[1]",
+            b"POST /a2a HTTP/1.1\r\nContent-Type: application/json\r\nA2A-Version: \xff\r\n"
+            b"Content-Length: 2\r\n\r\n{}",
+            b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: \xff\xfe\r\n\r\n",
+            b"GET /api HTTP/1.1\r\n" + b"X: y\r\n" * 150 + b"\r\n",
+        ]
+        nested = b"[" * 100000
+        requests.append(b"POST /mcp HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(nested) + nested)
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            for data in requests:
+                answer = self.raw(data)
+                status = answer.split(b" ", 2)[1] if answer.startswith(b"HTTP/") else b""
+                self.assertFalse(status.startswith(b"5"), f"{data[:70]!r} -> {answer[:100]!r}")
+            self.assertEqual(self.request("GET", "/api")[0], 200)
+        self.assertNotIn("Traceback", stderr.getvalue())
+
+    def test_jsonrpc_fuzz_on_mcp_and_a2a(self):
+        token = self.join("alice")
+        values = NASTY + [{"name": v} for v in NASTY[:20]] + [{"message": v} for v in NASTY[:20]]
+        stderr = io.StringIO()
+        tried = 0
+        with contextlib.redirect_stderr(stderr):
+            for path in ("/mcp", "/a2a"):
+                for method in ("tools/call", "tools/list", "initialize", "SendMessage", "GetTask",
+                               "ListTasks", "message/send", "server/discover", "\ud800", ""):
+                    for params in values:
+                        if isinstance(params, dict) and params.get("name") == 0:
+                            continue
+                        message = {"jsonrpc": "2.0", "id": tried, "method": method,
+                                   "params": params}
+                        status, _, _ = self.request(
+                            "POST", path, message, token,
+                            {"Content-Type": "application/json", "A2A-Version": "1.0"})
+                        tried += 1
+                        self.assertLess(status, 500, f"{path} {method} {str(params)[:60]}")
+        self.assertGreater(tried, 1000)
+        self.assertNotIn("Traceback", stderr.getvalue())
+
+
+class PrivacyEveryFaceTest(ServerCase):
+    """A direct message between bob and carol, probed by alice through every face."""
+
+    SECRET = "walrus-7 the launch code"
+
+    def setUp(self):
+        super().setUp()
+        self.alice, bob, carol = self.join("alice"), self.join("bob"), self.join("carol")
+        status, _, body = self.request("POST", "/api/post", {"to": "carol", "body": self.SECRET},
+                                       bob)
+        self.secret_id = body["id"]
+
+    def assert_no_leak(self, answer, face):
+        text = answer if isinstance(answer, str) else json.dumps(answer)
+        self.assertNotIn("launch code", text, face)     # the probes send "walrus" only
+
+    def test_rest(self):
+        for method, path, body in (
+                ("POST", "/api/history", {"channel": "@bob"}),
+                ("POST", "/api/history", {"channel": "@carol"}),
+                ("GET", f"/api/message?id={self.secret_id}", None),
+                ("POST", "/api/search", {"q": "walrus"}),
+                ("POST", "/api/read", {}),
+                ("POST", "/api/post", {"body": "x", "reply_to": self.secret_id})):
+            status, _, answer = self.request(method, path, body, self.alice)
+            self.assertIn(status, (200, 404), path)
+            self.assert_no_leak(answer, path)
+
+    def test_mcp(self):
+        for name, arguments in (("history", {"channel": "@bob"}), ("message", {"id": self.secret_id}),
+                                ("search", {"q": "walrus"}), ("read", {})):
+            status, _, answer = self.request("POST", "/mcp", {
+                "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": name, "arguments": arguments}}, self.alice)
+            self.assertEqual(status, 200)
+            self.assert_no_leak(answer, name)
+
+    def test_cli_local_remote_and_stdio(self):
+        url = f"http://127.0.0.1:{self.port}"
+        for argv in (["history", "channel=@bob", "--as", "alice"],
+                     ["search", "q=walrus", "--as", "alice"],
+                     ["message", f"id={self.secret_id}", "--url", url, "--token", self.alice]):
+            done = subprocess.run([sys.executable, AGORA, *argv, "--db", self.store.path],
+                                  capture_output=True, text=True, timeout=30)
+            self.assert_no_leak(done.stdout + done.stderr, " ".join(argv))
+        message = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "search", "arguments": {"q": "walrus"}}})
+        done = subprocess.run([sys.executable, AGORA, "stdio", "--as", "alice", "--db",
+                               self.store.path], input=message + "\n", capture_output=True,
+                              text=True, timeout=30)
+        self.assertIn('"hits"', done.stdout)
+        self.assert_no_leak(done.stdout, "stdio")
+
+
+class TokensInTheClearTest(unittest.TestCase):
+    """Tokens are shown once to their agent and never stored or logged in clear."""
+
+    def test_tokens_never_reach_the_file_the_wal_or_the_log(self):
+        directory = temp_dir(self)
+        db = os.path.join(directory, "agora.db")
+        server = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
+                                   "--db", db], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        port = int(server.stdout.readline().split("127.0.0.1:")[1].split()[0])
+
+        def post(path, body, token=None):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            conn.request("POST", path, body=json.dumps(body), headers=headers)
+            answer = json.loads(conn.getresponse().read())
+            conn.close()
+            return answer
+        first = post("/api/join", {"name": "alice"})["token"]
+        second = post("/api/join", {"name": "alice"}, first)["token"]      # rotation
+        local = json.loads(subprocess.run([sys.executable, AGORA, "join", "name=bob", "--json",
+                                           "--db", db], capture_output=True, text=True
+                                          ).stdout)["token"]
+        for token in (second, local, first):
+            post("/api/post", {"body": "hello"}, token)
+            post("/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": {"name": "brief"}}, token)
+        server.terminate()
+        _, log = server.communicate(timeout=10)
+        self.assertIn("rest alice post 200", log)
+        self.assertIn("rest - post 401", log)          # the rotated-away token no longer works
+        raw = b""
+        for suffix in ("", "-wal"):
+            if os.path.exists(db + suffix):
+                with open(db + suffix, "rb") as f:
+                    raw += f.read()
+        for token in (first, second, local):
+            self.assertNotIn(token, log)
+            self.assertNotIn(token.encode(), raw)
+            self.assertNotIn(token[6:].encode(), raw)
 
 
 class JoinKeyServerTest(ServerCase):
