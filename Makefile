@@ -67,3 +67,9 @@ $(INTEROP)/ready: Makefile
 .PHONY: bench
 bench:
 	$(PYTHON) .ci/bench.py
+
+# Races across processes, kill -9 under load, fuzzing and slow clients: bounded,
+# loopback only, about a minute. CI runs it.
+.PHONY: stress
+stress:
+	$(PYTHON) .ci/stress.py

@@ -1715,6 +1715,29 @@ def error_result(error):
     return Result(error.status, body, text)
 
 
+# What SQLite says when the file itself is at fault, not agora: told plainly.
+FILE_PROBLEMS = (
+    ("malformed", "is damaged", "restore a backup, or rescue it with sqlite3's .recover"),
+    ("not a database", "is damaged", "restore a backup, or rescue it with sqlite3's .recover"),
+    ("locked", "stayed locked by another process", "try again"),
+    ("busy", "stayed locked by another process", "try again"),
+    ("disk is full", "cannot grow: the disk is full", "free some space"),
+    ("readonly", "cannot be written", "check its permissions"),
+    ("disk i/o", "could not be read or written", "check the disk"),
+)
+
+
+def file_problem(store, error):
+    """Answer a StoreError for a fault of the database file, or None for anything else."""
+    if not isinstance(error, sqlite3.DatabaseError):
+        return None
+    text = str(error).lower()
+    for needle, what, hint in FILE_PROBLEMS:
+        if needle in text:
+            return StoreError(f"the database file {store.path} {what} ({error})", hint=hint)
+    return None
+
+
 def call(store, name, args=None, caller=Caller(local=True), now=None):
     """Run operation NAME for CALLER and answer its Result; refusals are Results too.
 
@@ -1734,10 +1757,15 @@ def call(store, name, args=None, caller=Caller(local=True), now=None):
         return op.handler(store, caller, args, now)
     except AgoraError as error:
         return error_result(error)
-    except Exception:
+    except Exception as error:
+        problem = file_problem(store, error)
+        if problem is not None:
+            return error_result(problem)
         traceback.print_exc(file=sys.stderr)
         return Result(500, {"error": f"internal error in {name}; the server log has details"},
                       f"internal error in {name}; the server log has details")
+
+
 
 
 ###############################################################################

@@ -838,6 +838,28 @@ class StoreFileTest(unittest.TestCase):
             agora.Store(self.path)
         self.assertIn(self.path, caught.exception.message)
 
+    def test_a_damaged_page_is_told_plainly(self):
+        store = agora.Store(self.path)
+        for i in range(2000):
+            agora.call(store, "post", {"body": f"message {i} " * 20}, agora.Caller("a", True))
+        store.close()
+        con = sqlite3.connect(self.path)
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        con.close()
+        size = os.path.getsize(self.path)
+        with open(self.path, "r+b") as f:
+            f.seek(size // 2)
+            f.write(b"\xde\xad\xbe\xef" * 4096)
+        store = agora.Store(self.path)
+        self.addCleanup(store.close)
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            result = agora.call(store, "search", {"q": "message"}, agora.Caller("a", True))
+        self.assertEqual(result.status, 500)
+        self.assertIn("is damaged", result.body["error"])
+        self.assertIn(".recover", result.body["hint"])
+        self.assertEqual(stderr.getvalue(), "")
+
     def test_foreign_sqlite_file(self):
         con = sqlite3.connect(self.path)
         con.execute("CREATE TABLE other (x)")

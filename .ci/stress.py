@@ -1,0 +1,354 @@
+"""make stress: agora's promises under races, crashes, hostile input and slow clients.
+
+Each check runs real processes against one file on loopback, is bounded in
+count and time, and stops by itself; the run ends with 'N passed, N failed'.
+Standard library only.
+"""
+
+import http.client
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import agora  # noqa: E402
+
+AGORA = os.path.join(ROOT, "agora.py")
+results = []
+
+
+def check(name, ok, detail=""):
+    """Record one check and print its line."""
+    results.append(ok)
+    print(f"{'PASS' if ok else 'FAIL'} {name}" + (f": {detail}" if detail and not ok else ""),
+          flush=True)
+
+
+def start_server(db, *options):
+    """Start `agora.py serve` on a free port; answer (process, port)."""
+    process = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
+                                "--db", db, "--quiet", *options], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    port = int(process.stdout.readline().split("127.0.0.1:")[1].split()[0])
+    return process, port
+
+
+def stop_server(process):
+    """Stop a server and answer what it wrote on stderr."""
+    process.terminate()
+    return process.communicate(timeout=10)[1]
+
+
+def join(db, name):
+    out = subprocess.run([sys.executable, AGORA, "join", f"name={name}", "--json", "--db", db],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["token"]
+
+
+def request(port, method, path, body=None, token=None, timeout=30):
+    """One request on a new connection; answer (status, parsed JSON or text)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        data = body if isinstance(body, bytes) else (
+            json.dumps(body).encode() if body is not None else None)
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        raw = response.read()
+        try:
+            return response.status, json.loads(raw)
+        except ValueError:
+            return response.status, raw.decode("utf-8", "replace")
+    finally:
+        conn.close()
+
+
+REST_CLAIMER = """
+import http.client, json, sys, time
+port, token = int(sys.argv[1]), sys.argv[2]
+won = []
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+while True:
+    conn.request("POST", "/api/claim", body="{}", headers={"Authorization": "Bearer " + token})
+    response = conn.getresponse()
+    answer = json.loads(response.read())
+    if response.status == 404:
+        break
+    assert response.status == 200, answer
+    won.append(answer["task"]["id"])
+    time.sleep(0.05)        # the work between claims, so the slower CLI claimers contend too
+print(" ".join(map(str, won)))
+"""
+
+CLI_CLAIMER = """
+import subprocess, sys, json
+agora, db, name = sys.argv[1:4]
+won = []
+while True:
+    done = subprocess.run([sys.executable, agora, "claim", "--as", name, "--json", "--db", db],
+                          capture_output=True, text=True)
+    if done.returncode == 1 and "no open task" in done.stderr:
+        break
+    assert done.returncode == 0, done.stderr
+    won.append(json.loads(done.stdout)["task"]["id"])
+print(" ".join(map(str, won)))
+"""
+
+
+def claim_races(work):
+    """Several REST clients and CLI processes claim from one board: one winner per task."""
+    db = os.path.join(work, "claims.db")
+    server, port = start_server(db)
+    try:
+        store = agora.Store(db)
+        ids = [agora.call(store, "post_task", {"title": f"task {i}"},
+                          agora.Caller("boss", True)).body["id"] for i in range(150)]
+        store.close()
+        workers = [subprocess.Popen([sys.executable, "-c", REST_CLAIMER, str(port),
+                                     join(db, f"rest{i}")], stdout=subprocess.PIPE, text=True)
+                   for i in range(3)]
+        workers += [subprocess.Popen([sys.executable, "-c", CLI_CLAIMER, AGORA, db, f"cli{i}"],
+                                     stdout=subprocess.PIPE, text=True) for i in range(2)]
+        won, by_kind = [], []
+        for worker in workers:
+            out, _ = worker.communicate(timeout=120)
+            by_kind.append(len(out.split()))
+            won += [int(x) for x in out.split()]
+        check(f"claim race: {len(ids)} tasks, one winner each; REST clients won "
+              f"{sum(by_kind[:3])}, CLI processes {sum(by_kind[3:])}",
+              sorted(won) == ids and len(set(won)) == len(won) and all(by_kind),
+              f"duplicates {len(won) - len(set(won))}, missing {len(set(ids) - set(won))}"
+              if sorted(won) != ids else "")
+    finally:
+        stop_server(server)
+
+
+DRAINER = """
+import http.client, json, sys, time
+port, token = int(sys.argv[1]), sys.argv[2]
+got, quiet_since = [], time.monotonic()
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+while time.monotonic() - quiet_since < 2:
+    conn.request("POST", "/api/read", body=json.dumps({"limit": 9, "wait": 1}),
+                 headers={"Authorization": "Bearer " + token})
+    messages = json.loads(conn.getresponse().read())["messages"]
+    if messages:
+        quiet_since = time.monotonic()
+    got += [m["id"] for m in messages]
+print(" ".join(map(str, got)))
+"""
+
+LOCAL_DRAINER = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+import agora
+store = agora.Store(sys.argv[1])
+got, quiet_since = [], time.monotonic()
+while time.monotonic() - quiet_since < 2:
+    result = agora.call(store, "read", {"limit": 5, "wait": 1}, agora.Caller("inbox", True))
+    if result.body["messages"]:
+        quiet_since = time.monotonic()
+    got += [m["id"] for m in result.body["messages"]]
+store.close()
+print(" ".join(map(str, got)))
+"""
+
+
+def inbox_drains(work):
+    """Readers in several processes drain one inbox while writers post: each message once."""
+    db = os.path.join(work, "inbox.db")
+    server, port = start_server(db)
+    try:
+        token = join(db, "inbox")
+        readers = [subprocess.Popen([sys.executable, "-c", DRAINER, str(port), token],
+                                    stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        readers += [subprocess.Popen([sys.executable, "-c", LOCAL_DRAINER, db, ROOT],
+                                     stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        writers = [join(db, f"writer{i}") for i in range(3)]
+        sent, lock = [], threading.Lock()
+
+        def write(token):
+            for i in range(200):
+                status, answer = request(port, "POST", "/api/post",
+                                         {"to": "inbox", "body": f"m{i} {token[-6:]}"}, token)
+                with lock:
+                    sent.append(answer["id"])
+        threads = [threading.Thread(target=write, args=(t,)) for t in writers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        got = []
+        for reader in readers:
+            out, _ = reader.communicate(timeout=120)
+            got += [int(x) for x in out.split()]
+        check(f"inbox drain: {len(sent)} messages from 3 writers, 4 reader processes "
+              "(REST and local)", sorted(got) == sorted(sent),
+              f"delivered {len(got)}, distinct {len(set(got))}" if sorted(got) != sorted(sent)
+              else "")
+    finally:
+        stop_server(server)
+
+
+def kill_nine(work):
+    """kill -9 the server under write load: every answered post survives, the file is sound."""
+    db = os.path.join(work, "crash.db")
+    answered, lock, stop = [], threading.Lock(), threading.Event()
+    server, port = start_server(db)
+    tokens = [join(db, f"w{i}") for i in range(6)]
+
+    def write(token):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                conn.request("POST", "/api/post", body=json.dumps({"body": f"{token[-5:]} {i}"}),
+                             headers={"Authorization": f"Bearer {token}"})
+                answer = json.loads(conn.getresponse().read())
+            except (OSError, ValueError, http.client.HTTPException):
+                return
+            with lock:
+                answered.append(answer["id"])
+    threads = [threading.Thread(target=write, args=(t,)) for t in tokens]
+    for thread in threads:
+        thread.start()
+    time.sleep(2.0)
+    os.kill(server.pid, signal.SIGKILL)
+    server.wait()
+    stop.set()
+    for thread in threads:
+        thread.join()
+    con = sqlite3.connect(db)
+    present = {row[0] for row in con.execute("SELECT id FROM messages")}
+    integrity = con.execute("PRAGMA integrity_check").fetchone()[0]
+    con.close()
+    lost = [i for i in answered if i not in present]
+    check(f"kill -9 under write load: {len(answered)} posts answered, all present after restart",
+          not lost and len(answered) > 100, f"{len(lost)} lost" if lost else "")
+    check("kill -9: PRAGMA integrity_check is ok", integrity == "ok", integrity)
+    server, port = start_server(db)
+    status, _ = request(port, "POST", "/api/post", {"body": "after the crash"}, tokens[0])
+    stop_server(server)
+    check("kill -9: the server starts again and takes posts", status == 200, str(status))
+
+
+NASTY = ["", "\x00", "\ud800", "😀" * 100, "'; DROP TABLE tasks; --", "../../etc/passwd", "a//b",
+         None, True, -1, 0, 2 ** 63, 2 ** 64, 1.5, [], {}, "x" * 70000, "NaN", "@", "%_\\"]
+
+
+def fuzz_http(work, seconds=8.0):
+    """Random operations with random hostile arguments over REST and MCP: never a 5xx."""
+    db = os.path.join(work, "fuzz.db")
+    server, port = start_server(db)
+    token = join(db, "fuzzer")
+    rng = random.Random(7)
+    ops = list(agora.CATALOG.values())
+    tried, bad = 0, []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        op = rng.choice(ops)
+        args = {}
+        for name, rule in op.schema["properties"].items():
+            if rng.random() < 0.6:
+                args[name] = rng.choice(NASTY)
+        if "wait" in args and args["wait"] not in (None, 0, -1, 2 ** 63, [], {}, "NaN"):
+            args["wait"] = 0
+        if rng.random() < 0.5:
+            status, answer = request(port, "POST", f"/api/{op.name}", args, token)
+        else:
+            status, answer = request(port, "POST", "/mcp", {
+                "jsonrpc": "2.0", "id": tried, "method": "tools/call",
+                "params": {"name": op.name, "arguments": args}}, token)
+        tried += 1
+        if status >= 500:
+            bad.append((op.name, str(args)[:80], status))
+    log = stop_server(server)
+    check(f"fuzz over REST and MCP: {tried} requests, none answered 5xx", not bad, str(bad[:3]))
+    check("fuzz: no traceback in the server log", "Traceback" not in log, log[-300:])
+
+
+def slow_clients(work):
+    """Hundreds of idle keep-alive connections and slowloris senders; others served promptly."""
+    db = os.path.join(work, "slow.db")
+    server, port = start_server(db)
+    token = join(db, "prompt")
+    idle = []
+    for _ in range(300):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"GET /api HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")   # then stays open
+        idle.append(sock)
+    slow = []
+    for _ in range(50):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"POST /api/post HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        slow.append(sock)
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.is_set():
+            for sock in slow:
+                try:
+                    sock.sendall(b"X")
+                except OSError:
+                    pass
+            stop.wait(0.5)
+    trickler = threading.Thread(target=trickle)
+    trickler.start()
+    latencies = []
+    for i in range(100):
+        began = time.perf_counter()
+        status, _ = request(port, "POST", "/api/post", {"body": f"prompt {i}"}, token, timeout=10)
+        latencies.append((time.perf_counter() - began) * 1000)
+        assert status == 200
+    time.sleep(agora.REQUEST_TIMEOUT + 1)
+    cut = 0
+    for sock in slow:
+        sock.settimeout(2)
+        try:
+            if sock.recv(100) == b"":
+                cut += 1
+        except OSError:
+            cut += 1
+    stop.set()
+    trickler.join()
+    for sock in idle + slow:
+        sock.close()
+    stop_server(server)
+    median, worst = statistics.median(latencies), max(latencies)
+    check(f"slow clients: with 300 idle and 50 slowloris connections, 100 posts served in "
+          f"median {median:.1f} ms (max {worst:.0f} ms)", median < 100 and worst < 2000)
+    check(f"slowloris: {cut} of 50 trickling connections cut after REQUEST_TIMEOUT "
+          f"({agora.REQUEST_TIMEOUT} s)", cut == 50)
+
+
+def main():
+    """Run every stress check; answer the exit status."""
+    work = tempfile.mkdtemp(prefix="agora-stress-")
+    began = time.monotonic()
+    try:
+        for run in (claim_races, inbox_drains, kill_nine, fuzz_http, slow_clients):
+            run(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    failed = results.count(False)
+    print(f"stress took {time.monotonic() - began:.0f} s")
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed or not results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
