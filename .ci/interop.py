@@ -21,11 +21,11 @@ import urllib.error
 import urllib.request
 import uuid
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import AGORA, ROOT, check, mint_token, start_server, summary  # noqa: E402
 sys.path.insert(0, ROOT)
 import agora  # noqa: E402  (the server under test, standard library only)
 
-AGORA = os.path.join(ROOT, "agora.py")
 NPM_BIN = os.path.join(ROOT, ".interop", "npm", "node_modules", ".bin")
 TOOLS = list(agora.CATALOG)
 CONFORMANCE_SCENARIOS = ["server-initialize", "ping", "tools-list", "dns-rebinding-protection"]
@@ -41,33 +41,6 @@ TCK_EXCLUDED = {
     "DM-MSG-001": "expects a Message instead of a Task as the SendMessage answer; on the "
                   "board every message becomes a task that an agent finishes later",
 }
-
-results = []
-
-
-def check(name, ok, detail=""):
-    """Record one check and print its line."""
-    results.append(ok)
-    print(f"{'PASS' if ok else 'FAIL'} {name}" + (f": {detail}" if detail and not ok else ""),
-          flush=True)
-
-
-def start_server(db, *options):
-    """Start `agora.py serve` on a free port; answer (process, base URL)."""
-    process = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
-                                "--db", db, "--quiet", *options], stdout=subprocess.PIPE,
-                               text=True)
-    line = process.stdout.readline()
-    url = line.split(" listening on ")[1].split(" ")[0]
-    return process, url
-
-
-def mint_token(db, name):
-    """Mint NAME's token the operator's way: `agora.py join` on the server's file."""
-    out = subprocess.run([sys.executable, AGORA, "join", f"name={name}", "--json", "--db", db],
-                         check=True, capture_output=True, text=True).stdout
-    return json.loads(out)["token"]
-
 
 async def exercise(client, label, agent):
     """Use one connected SDK client the way an agent would, checking each answer."""
@@ -429,9 +402,7 @@ def main():
         server.terminate()
         server.wait(10)
         shutil.rmtree(workdir, ignore_errors=True)
-    failed = results.count(False)
-    print(f"{len(results) - failed} passed, {failed} failed")
-    return 1 if failed or not results else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -20,40 +20,16 @@ import tempfile
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import AGORA, ROOT, check, mint_token, start_server, stop_server, summary  # noqa
 sys.path.insert(0, ROOT)
 import agora  # noqa: E402
 
-AGORA = os.path.join(ROOT, "agora.py")
-results = []
 
-
-def check(name, ok, detail=""):
-    """Record one check and print its line."""
-    results.append(ok)
-    print(f"{'PASS' if ok else 'FAIL'} {name}" + (f": {detail}" if detail and not ok else ""),
-          flush=True)
-
-
-def start_server(db, *options):
-    """Start `agora.py serve` on a free port; answer (process, port)."""
-    process = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
-                                "--db", db, "--quiet", *options], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    port = int(process.stdout.readline().split("127.0.0.1:")[1].split()[0])
-    return process, port
-
-
-def stop_server(process):
-    """Stop a server and answer what it wrote on stderr."""
-    process.terminate()
-    return process.communicate(timeout=10)[1]
-
-
-def join(db, name):
-    out = subprocess.run([sys.executable, AGORA, "join", f"name={name}", "--json", "--db", db],
-                         check=True, capture_output=True, text=True).stdout
-    return json.loads(out)["token"]
+def serve(db, *options):
+    """Start a server; answer (process, port)."""
+    process, url = start_server(db, *options)
+    return process, int(url.rsplit(":", 1)[1])
 
 
 def request(port, method, path, body=None, token=None, timeout=30):
@@ -111,14 +87,14 @@ print(" ".join(map(str, won)))
 def claim_races(work):
     """Several REST clients and CLI processes claim from one board: one winner per task."""
     db = os.path.join(work, "claims.db")
-    server, port = start_server(db)
+    server, port = serve(db)
     try:
         store = agora.Store(db)
         ids = [agora.call(store, "post_task", {"title": f"task {i}"},
                           agora.Caller("boss", True)).body["id"] for i in range(150)]
         store.close()
         workers = [subprocess.Popen([sys.executable, "-c", REST_CLAIMER, str(port),
-                                     join(db, f"rest{i}")], stdout=subprocess.PIPE, text=True)
+                                     mint_token(db, f"rest{i}")], stdout=subprocess.PIPE, text=True)
                    for i in range(3)]
         workers += [subprocess.Popen([sys.executable, "-c", CLI_CLAIMER, AGORA, db, f"cli{i}"],
                                      stdout=subprocess.PIPE, text=True) for i in range(2)]
@@ -170,14 +146,14 @@ print(" ".join(map(str, got)))
 def inbox_drains(work):
     """Readers in several processes drain one inbox while writers post: each message once."""
     db = os.path.join(work, "inbox.db")
-    server, port = start_server(db)
+    server, port = serve(db)
     try:
-        token = join(db, "inbox")
+        token = mint_token(db, "inbox")
         readers = [subprocess.Popen([sys.executable, "-c", DRAINER, str(port), token],
                                     stdout=subprocess.PIPE, text=True) for _ in range(2)]
         readers += [subprocess.Popen([sys.executable, "-c", LOCAL_DRAINER, db, ROOT],
                                      stdout=subprocess.PIPE, text=True) for _ in range(2)]
-        writers = [join(db, f"writer{i}") for i in range(3)]
+        writers = [mint_token(db, f"writer{i}") for i in range(3)]
         sent, lock = [], threading.Lock()
 
         def write(token):
@@ -207,8 +183,8 @@ def kill_nine(work):
     """kill -9 the server under write load: every answered post survives, the file is sound."""
     db = os.path.join(work, "crash.db")
     answered, lock, stop = [], threading.Lock(), threading.Event()
-    server, port = start_server(db)
-    tokens = [join(db, f"w{i}") for i in range(6)]
+    server, port = serve(db)
+    tokens = [mint_token(db, f"w{i}") for i in range(6)]
 
     def write(token):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -240,7 +216,7 @@ def kill_nine(work):
     check(f"kill -9 under write load: {len(answered)} posts answered, all present after restart",
           not lost and len(answered) > 100, f"{len(lost)} lost" if lost else "")
     check("kill -9: PRAGMA integrity_check is ok", integrity == "ok", integrity)
-    server, port = start_server(db)
+    server, port = serve(db)
     status, _ = request(port, "POST", "/api/post", {"body": "after the crash"}, tokens[0])
     stop_server(server)
     check("kill -9: the server starts again and takes posts", status == 200, str(status))
@@ -253,8 +229,8 @@ NASTY = ["", "\x00", "\ud800", "😀" * 100, "'; DROP TABLE tasks; --", "../../e
 def fuzz_http(work, seconds=8.0):
     """Random operations with random hostile arguments over REST and MCP: never a 5xx."""
     db = os.path.join(work, "fuzz.db")
-    server, port = start_server(db)
-    token = join(db, "fuzzer")
+    server, port = serve(db)
+    token = mint_token(db, "fuzzer")
     rng = random.Random(7)
     ops = list(agora.CATALOG.values())
     tried, bad = 0, []
@@ -284,8 +260,8 @@ def fuzz_http(work, seconds=8.0):
 def slow_clients(work):
     """Hundreds of idle keep-alive connections and slowloris senders; others served promptly."""
     db = os.path.join(work, "slow.db")
-    server, port = start_server(db)
-    token = join(db, "prompt")
+    server, port = serve(db)
+    token = mint_token(db, "prompt")
     idle = []
     for _ in range(300):
         sock = socket.create_connection(("127.0.0.1", port))
@@ -344,10 +320,8 @@ def main():
             run(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    failed = results.count(False)
     print(f"stress took {time.monotonic() - began:.0f} s")
-    print(f"{len(results) - failed} passed, {failed} failed")
-    return 1 if failed or not results else 0
+    return summary()
 
 
 if __name__ == "__main__":
