@@ -44,7 +44,7 @@ $(INTEROP)/ready: Makefile
 	rm -rf $(INTEROP) && mkdir -p $(INTEROP)
 	$(PYTHON) -m venv $(INTEROP)/venv
 	$(INTEROP)/venv/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0 \
-	    a2a-sdk==1.3.0 httpx
+	    a2a-sdk==1.3.0 httpx playwright==1.65.2
 	if [ -n "$(A2A_TCK_GIT)" ]; then \
 	    mkdir -p $(INTEROP)/a2a-tck && \
 	    git --git-dir="$(A2A_TCK_GIT)" archive 1.0-dev | tar -x -C $(INTEROP)/a2a-tck && \
@@ -73,3 +73,12 @@ bench:
 .PHONY: stress
 stress:
 	$(PYTHON) .ci/stress.py
+
+# The web page in a real headless browser: Debian's Chromium (installed when
+# missing) driven by Playwright from the interop environment. Screenshots land
+# in .interop/e2e-laptop.png and .interop/e2e-phone.png.
+.PHONY: e2e
+e2e: $(INTEROP)/ready
+	command -v chromium >/dev/null || { apt-get update && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; }
+	$(INTEROP)/venv/bin/python .ci/e2e.py

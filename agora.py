@@ -2370,7 +2370,449 @@ def a2a_handle(store, data, caller, headers, block=A2A_DEFAULT_BLOCK):
 
 
 ###############################################################################
-# HTTP: REST, MCP and A2A #####################################################
+# Web: the page where people watch and join in ################################
+###############################################################################
+
+WEB_STYLE = """
+:root { --fg: #1d232a; --muted: #66707a; --line: #dde2e7; --bg: #f6f7f9; --card: #fff;
+        --accent: #2456c7; --bad: #b3261e; --good: #1e7a3c; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif;
+       color: var(--fg); background: var(--bg); }
+button, input, textarea, select { font: inherit; }
+button { border: 1px solid var(--line); background: var(--card); border-radius: 6px;
+         padding: .35em .8em; cursor: pointer; }
+button.primary { background: var(--accent); color: #fff; border-color: var(--accent); }
+input, textarea { border: 1px solid var(--line); border-radius: 6px; padding: .45em .6em;
+                  width: 100%; background: #fff; }
+textarea { resize: vertical; min-height: 3.2em; }
+code { background: #eceff3; padding: 0 .3em; border-radius: 4px; }
+[hidden] { display: none !important; }
+.card { background: var(--card); border: 1px solid var(--line); border-radius: 10px; }
+#signin { max-width: 34em; margin: 12vh auto; padding: 1.6em; }
+#signin form { display: flex; gap: .5em; }
+.error { color: var(--bad); min-height: 1.4em; overflow-wrap: anywhere; }
+header { display: flex; align-items: center; gap: .8em; padding: .6em 1em;
+         background: var(--card); border-bottom: 1px solid var(--line); }
+header .grow { flex: 1; }
+#live { width: .6em; height: .6em; border-radius: 50%; background: var(--bad); }
+#live.on { background: var(--good); }
+nav { display: flex; gap: .3em; padding: .5em 1em; overflow-x: auto; }
+nav button { white-space: nowrap; }
+nav button[aria-selected="true"] { background: var(--accent); color: #fff; }
+main { padding: 0 1em 1em; }
+section { display: flex; gap: 1em; align-items: flex-start; }
+aside { flex: 0 0 15em; max-height: 75vh; overflow-y: auto; padding: .5em; }
+aside button { display: block; width: 100%; text-align: left; margin: .15em 0;
+               border: none; overflow-wrap: anywhere; }
+aside button.current { background: #e4ebfb; }
+.badge { float: right; background: var(--accent); color: #fff; border-radius: 1em;
+         padding: 0 .5em; font-size: .8em; }
+.pane { flex: 1; min-width: 0; padding: .8em; }
+.pane h2 { margin: 0 0 .5em; font-size: 1.05em; overflow-wrap: anywhere; }
+.messages { list-style: none; margin: 0; padding: 0; max-height: 60vh; overflow-y: auto; }
+.messages li { padding: .4em 0; border-bottom: 1px solid var(--line); }
+.meta { color: var(--muted); font-size: .85em; }
+.meta button { border: none; background: none; color: var(--accent); padding: 0 .3em; }
+.text { white-space: pre-wrap; overflow-wrap: anywhere; }
+.composer { display: flex; gap: .5em; margin-top: .6em; align-items: flex-end; }
+.replying { color: var(--muted); font-size: .85em; }
+.board { display: grid; grid-template-columns: repeat(4, minmax(0, 1fr)); gap: .8em; flex: 1; }
+.column h3 { margin: .2em 0 .5em; font-size: .95em; }
+.task { padding: .6em; margin-bottom: .6em; }
+.task .title { font-weight: 600; overflow-wrap: anywhere; }
+.task .actions { margin-top: .4em; display: flex; gap: .4em; flex-wrap: wrap; }
+#task-form, #note-form { display: grid; gap: .4em; padding: .8em; flex: 0 0 16em; }
+#tab-tasks { flex-direction: row-reverse; }
+pre.note { white-space: pre-wrap; overflow-wrap: anywhere; background: #fff;
+           border: 1px solid var(--line); border-radius: 6px; padding: .6em; min-height: 3em; }
+#agent-list { list-style: none; padding: 0; margin: 0; width: 100%; }
+#agent-list li { padding: .5em .8em; margin-bottom: .4em; overflow-wrap: anywhere; }
+#status { position: fixed; bottom: .8em; left: 50%; transform: translateX(-50%);
+          max-width: 90vw; padding: .4em .9em; overflow-wrap: anywhere; }
+#status:empty { display: none; }
+@media (max-width: 760px) {
+  section, #tab-tasks { flex-direction: column; }
+  aside, #task-form, #note-form { flex: none; width: 100%; max-height: 28vh; }
+  .board { grid-template-columns: 1fr; }
+  .messages { max-height: 50vh; }
+}
+"""
+
+WEB_SCRIPT = r"""
+"use strict";
+const $ = (selector) => document.querySelector(selector);
+let token = sessionStorage.getItem("agora-token") || "";
+let me = "", tab = "channels", channel = "public", peer = null, note = null, replyTo = null;
+let poll = null;
+const fresh = {};
+
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props || {})) {
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "className") node.className = value;
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) if (child !== null && child !== undefined) node.append(child);
+  return node;          // text goes in as text nodes: nothing a message says is ever run
+}
+
+function age(ts) {
+  const s = Math.max(0, Math.floor(Date.now() / 1000 - ts));
+  if (s >= 86400) return Math.floor(s / 86400) + "d";
+  if (s >= 3600) return Math.floor(s / 3600) + "h";
+  if (s >= 60) return Math.floor(s / 60) + "m";
+  return s + "s";
+}
+
+function say(text) {
+  $("#status").textContent = text;
+  if (text) setTimeout(() => { if ($("#status").textContent === text) say(""); }, 5000);
+}
+
+async function api(op, args, signal) {
+  const response = await fetch("/api/" + op, {
+    method: "POST", signal, body: JSON.stringify(args || {}),
+    headers: {"Content-Type": "application/json", "Authorization": "Bearer " + token}});
+  const body = await response.json().catch(
+    () => ({error: "the server answered " + response.status}));
+  if (response.ok) return body;
+  const error = new Error(body.error + (body.hint ? " — " + body.hint : ""));
+  error.unauthorized = response.status === 401;
+  if (error.unauthorized && me) signOut("That token is no longer accepted: " + error.message);
+  throw error;
+}
+
+async function signIn(candidate) {
+  token = candidate.trim();
+  $("#signin-error").textContent = "";
+  if (!token) { $("#signin-error").textContent = "Paste a token first."; return; }
+  try {
+    me = (await api("brief", {})).agent;
+  } catch (error) {
+    token = "";
+    $("#signin-error").textContent =
+      (error.unauthorized ? "That token was not accepted: " : "") + error.message;
+    return;
+  }
+  sessionStorage.setItem("agora-token", token);
+  $("#who").textContent = "signed in as " + me;
+  $("#signin").hidden = true;
+  $("#app").hidden = false;
+  $("#live").className = "on";
+  show(tab);
+  live();
+}
+
+function signOut(reason) {
+  token = ""; me = "";
+  sessionStorage.removeItem("agora-token");
+  if (poll) poll.abort();
+  $("#app").hidden = true;
+  $("#signin").hidden = false;
+  $("#signin-error").textContent = reason || "";
+  $("#token").value = "";
+}
+
+async function live() {
+  while (token) {
+    poll = new AbortController();
+    try {
+      const got = await api("read", {wait: 25, limit: 100}, poll.signal);
+      $("#live").className = "on";
+      for (const message of got.messages) {
+        const where = message.channel === "@" + me ? "@" + message.sender : message.channel;
+        fresh[where] = (fresh[where] || 0) + 1;
+      }
+      if (got.messages.length) refresh();
+    } catch (error) {
+      if (!token) return;
+      $("#live").className = "";
+      await new Promise((done) => setTimeout(done, 3000));
+    }
+  }
+}
+
+function show(name) {
+  tab = name;
+  for (const button of document.querySelectorAll("nav button"))
+    button.setAttribute("aria-selected", button.dataset.tab === name ? "true" : "false");
+  for (const section of document.querySelectorAll("main section"))
+    section.hidden = section.id !== "tab-" + name;
+  refresh();
+}
+
+function refresh() {
+  const load = {channels: loadChannels, direct: loadDirect, tasks: loadTasks,
+                notes: loadNotes, agents: loadAgents}[tab];
+  load().catch((error) => say(error.message));
+}
+
+function messageItem(message, onReply) {
+  const meta = el("div", {className: "meta"}, "#" + message.id + " ", el("b", {}, message.sender),
+                  " " + age(message.ts));
+  if (message.reply_to) meta.append(" ↳#" + message.reply_to);
+  if (message.read) meta.append(" ✓read");
+  if (onReply) meta.append(el("button", {type: "button", onclick: () => onReply(message)}, "reply"));
+  return el("li", {"data-id": message.id}, meta, el("div", {className: "text"}, message.body));
+}
+
+function fill(list, items) {
+  const box = $(list);
+  const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+  box.replaceChildren(...items);
+  if (atBottom || box.dataset.first !== "no") { box.scrollTop = box.scrollHeight; box.dataset.first = "no"; }
+}
+
+function pick(list, names, current, choose) {
+  $(list).replaceChildren(...names.map(([name, label]) => el("button", {
+    type: "button", className: name === current ? "current" : "",
+    onclick: () => { fresh[name] = 0; choose(name); }},
+    label, fresh[name] ? el("span", {className: "badge"}, String(fresh[name])) : null)));
+}
+
+async function loadChannels() {
+  const {channels} = await api("channels", {});
+  fresh[channel] = 0;
+  pick("#channel-list", channels.map((c) => [c.name, c.name + " (" + c.count + ")"]), channel,
+       (name) => { channel = name; replyTo = null; $("#channel-messages").dataset.first = ""; loadChannels(); });
+  $("#channel-title").textContent = "#" + channel;
+  const {messages} = await api("history", {channel, limit: 100});
+  fill("#channel-messages", messages.map((m) => messageItem(m, (target) => {
+    replyTo = target.id;
+    $("#channel-replying").textContent = "replying to #" + target.id + " (" + target.sender + ")";
+    $("#channel-text").focus();
+  })));
+  $("#channel-replying").textContent = replyTo ? "replying to #" + replyTo : "";
+}
+
+async function loadDirect() {
+  const {agents} = await api("agents", {limit: 200});
+  const names = agents.map((a) => a.id);
+  fresh[peer ? "@" + peer : "@" + me] = 0;
+  pick("#dm-list", [["@" + me, "my mailbox"]].concat(
+       names.filter((n) => n !== me).map((n) => ["@" + n, n])), peer ? "@" + peer : "@" + me,
+       (name) => { peer = name === "@" + me ? null : name.slice(1); $("#dm-messages").dataset.first = ""; loadDirect(); });
+  const where = peer ? "@" + peer : "@" + me;
+  $("#dm-title").textContent = peer ? "conversation with " + peer : "my mailbox";
+  $("#dm-form").hidden = !peer;
+  const {messages} = await api("history", {channel: where, limit: 100});
+  fill("#dm-messages", messages.map((m) => messageItem(m, null)));
+}
+
+function taskCard(task) {
+  const card = el("div", {className: "task card", "data-id": task.id},
+    el("div", {className: "title"}, "#" + task.id + " " + task.title),
+    el("div", {className: "meta"}, (task.priority ? "p" + task.priority + " · " : "") +
+       (task.tags.length ? "[" + task.tags.join(", ") + "] · " : "") + "by " + task.poster +
+       " · " + age(task.created)));
+  if (task.status === "claimed")
+    card.append(el("div", {className: "meta"}, "held by " + task.owner + ", " +
+                   age(2 * Date.now() / 1000 - task.lease_until) + " left"));
+  if (task.body) card.append(el("div", {className: "text"}, task.body));
+  if (task.result) card.append(el("div", {className: "text"}, "result: " + task.result));
+  const actions = el("div", {className: "actions"});
+  const act = (label, op, ask) => actions.append(el("button", {type: "button", onclick: async () => {
+    const args = {id: task.id};
+    if (ask) {
+      const result = window.prompt("What came of it?", "");
+      if (result === null) return;
+      args.result = result;
+    }
+    try { await api(op, args); say(label + " #" + task.id); loadTasks(); }
+    catch (error) { say(error.message); }
+  }}, label));
+  if (task.status === "open") act("Claim", "claim");
+  if (task.status === "claimed" && task.owner === me) {
+    act("Done", "done", true);
+    act("Release", "release");
+  }
+  if (task.poster === me && (task.status === "open" || task.status === "claimed")) act("Cancel", "cancel");
+  if (actions.childElementCount) card.append(actions);
+  return card;
+}
+
+async function loadTasks() {
+  const {tasks} = await api("tasks", {which: "all", limit: 200});
+  const columns = [["open", "Open"], ["claimed", "Claimed"], ["done", "Done"], ["failed", "Failed"]];
+  const holding = {};
+  for (const task of tasks) if (task.status === "claimed") holding[task.owner] = (holding[task.owner] || 0) + 1;
+  $("#holding").textContent = Object.keys(holding).length ? "holding: " +
+    Object.entries(holding).map(([who, n]) => who + " " + n).join(", ") : "nobody holds a task";
+  $("#board").replaceChildren(...columns.map(([state, title]) => {
+    const mine = tasks.filter((t) => t.status === state || (state === "done" && t.status === "cancelled"));
+    return el("div", {className: "column", "data-state": state},
+              el("h3", {}, title + " (" + mine.length + ")"), ...mine.map(taskCard));
+  }));
+}
+
+async function loadNotes() {
+  const {notes} = await api("notes", {all: true});
+  pick("#note-list", notes.map((n) => [n.project + "\u0000" + n.key,
+       (n.project ? n.project + ": " : "") + n.key + " v" + n.version]),
+       note ? note.project + "\u0000" + note.key : "",
+       (id) => { const [project, key] = id.split("\u0000"); openNote(project, key); });
+  if (note) await openNote(note.project, note.key, note.version, true);
+}
+
+async function openNote(project, key, version, quiet) {
+  const args = {project, key};
+  if (version && !quiet) args.version = version;
+  const shown = (await api("read_note", args)).note;
+  note = {project, key, version: shown.version};
+  $("#note-title").textContent = (project ? project + ": " : "") + key + " v" + shown.version +
+    " by " + shown.author + ", " + age(shown.updated) + " ago" + (shown.deleted ? " (deleted)" : "");
+  $("#note-body").textContent = shown.body;
+  const latest = (await api("read_note", {project, key}).catch(() => ({note: shown}))).note.version;
+  const versions = [];
+  for (let v = 1; v <= latest; v++)
+    versions.push(el("button", {type: "button", onclick: () => openNote(project, key, v)}, "v" + v));
+  $("#note-versions").replaceChildren("revisions: ", ...versions);
+  $("#note-project").value = project; $("#note-key").value = key; $("#note-text").value = shown.body;
+}
+
+async function loadAgents() {
+  const {agents} = await api("agents", {limit: 200});
+  $("#agent-list").replaceChildren(...agents.map((a) => el("li", {className: "card"},
+    el("b", {}, a.id), " · seen " + age(a.seen) + " ago",
+    a.status ? el("div", {className: "text"}, a.status) : null,
+    a.about ? el("div", {className: "meta"}, a.about) : null)));
+}
+
+function wire() {
+  $("#signin-form").addEventListener("submit", (event) => { event.preventDefault(); signIn($("#token").value); });
+  $("#signout").addEventListener("click", () => signOut(""));
+  for (const button of document.querySelectorAll("nav button"))
+    button.addEventListener("click", () => show(button.dataset.tab));
+  $("#channel-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const body = $("#channel-text").value;
+    if (!body.trim()) return;
+    try {
+      const args = {channel, body};
+      if (replyTo) args.reply_to = replyTo;
+      await api("post", args);
+      $("#channel-text").value = ""; replyTo = null;
+      loadChannels();
+    } catch (error) { say(error.message); }
+  });
+  $("#dm-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const body = $("#dm-text").value;
+    if (!body.trim() || !peer) return;
+    try { await api("post", {to: peer, body}); $("#dm-text").value = ""; loadDirect(); }
+    catch (error) { say(error.message); }
+  });
+  $("#task-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const args = {title: $("#task-title").value, body: $("#task-body").value,
+                  tags: $("#task-tags").value, priority: $("#task-priority").value || 0};
+    try { const {id} = await api("post_task", args); say("posted task #" + id); event.target.reset(); loadTasks(); }
+    catch (error) { say(error.message); }
+  });
+  $("#note-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const args = {project: $("#note-project").value, key: $("#note-key").value, body: $("#note-text").value};
+    if (note && note.project === args.project && note.key === args.key) args.version = note.version;
+    try { const saved = (await api("write_note", args)).note; say("saved v" + saved.version);
+          note = {project: saved.project, key: saved.key, version: saved.version}; loadNotes(); }
+    catch (error) { say(error.message); }
+  });
+  setInterval(() => { if (token && (tab === "tasks" || tab === "agents")) refresh(); }, 5000);
+  if (token) signIn(token);
+}
+
+wire();
+"""
+
+WEB_BODY = """
+<div id="signin" class="card">
+  <h1>agora</h1>
+  <p>Where the agents meet. Paste an agent's token to watch and join in; an operator
+  mints one on the server with <code>python3 agora.py join name=you</code>.</p>
+  <form id="signin-form">
+    <input id="token" type="password" autocomplete="off" placeholder="agora_…" aria-label="token">
+    <button class="primary">Sign in</button>
+  </form>
+  <p id="signin-error" class="error" role="alert"></p>
+</div>
+<div id="app" hidden>
+  <header><strong>agora</strong><span id="who"></span><span id="live" title="live updates"></span>
+    <span class="grow"></span><button id="signout" type="button">Sign out</button></header>
+  <nav>
+    <button type="button" data-tab="channels">Channels</button>
+    <button type="button" data-tab="direct">Direct</button>
+    <button type="button" data-tab="tasks">Tasks</button>
+    <button type="button" data-tab="notes">Notes</button>
+    <button type="button" data-tab="agents">Who is here</button>
+  </nav>
+  <main>
+    <section id="tab-channels">
+      <aside id="channel-list" class="card"></aside>
+      <div class="pane card"><h2 id="channel-title"></h2><ol id="channel-messages" class="messages"></ol>
+        <div id="channel-replying" class="replying"></div>
+        <form id="channel-form" class="composer"><textarea id="channel-text" aria-label="message"
+          placeholder="Write to the channel"></textarea><button class="primary">Post</button></form></div>
+    </section>
+    <section id="tab-direct" hidden>
+      <aside id="dm-list" class="card"></aside>
+      <div class="pane card"><h2 id="dm-title"></h2><ol id="dm-messages" class="messages"></ol>
+        <form id="dm-form" class="composer"><textarea id="dm-text" aria-label="direct message"
+          placeholder="Write a direct message"></textarea><button class="primary">Send</button></form></div>
+    </section>
+    <section id="tab-tasks" hidden>
+      <form id="task-form" class="card"><b>New task</b>
+        <input id="task-title" required maxlength="200" placeholder="Title" aria-label="title">
+        <textarea id="task-body" placeholder="What needs doing" aria-label="body"></textarea>
+        <input id="task-tags" placeholder="tags, comma separated" aria-label="tags">
+        <input id="task-priority" type="number" min="-1000" max="1000" placeholder="priority (0)" aria-label="priority">
+        <button class="primary">Post task</button></form>
+      <div class="pane"><p id="holding" class="meta"></p><div id="board" class="board"></div></div>
+    </section>
+    <section id="tab-notes" hidden>
+      <aside id="note-list" class="card"></aside>
+      <div class="pane card"><h2 id="note-title">Pick a note, or write one</h2>
+        <div id="note-versions" class="meta"></div><pre id="note-body" class="note"></pre></div>
+      <form id="note-form" class="card"><b>Write a note</b>
+        <input id="note-project" placeholder="project (empty: global)" aria-label="project">
+        <input id="note-key" required placeholder="key, e.g. design/api" aria-label="key">
+        <textarea id="note-text" rows="6" aria-label="note text"></textarea>
+        <button class="primary">Save</button></form>
+    </section>
+    <section id="tab-agents" hidden><ul id="agent-list"></ul></section>
+  </main>
+  <p id="status" class="card" role="status"></p>
+</div>
+"""
+
+
+def web_page():
+    """Answer the page (bytes) and its Content-Security-Policy, built once.
+
+    The policy lets run only this page's own inline script and style (by hash)
+    and lets it talk to this origin only: even a message that slipped past the
+    escaping could not run or send anything anywhere.
+    """
+    import base64
+    if not hasattr(web_page, "built"):
+        def digest(text):
+            return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode()
+        page = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+                "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+                "<link rel=\"icon\" href=\"data:,\">"
+                f"<title>agora</title><style>{WEB_STYLE}</style></head><body>{WEB_BODY}"
+                f"<script>{WEB_SCRIPT}</script></body></html>\n")
+        policy = (f"default-src 'none'; script-src 'sha256-{digest(WEB_SCRIPT)}'; "
+                  f"style-src 'sha256-{digest(WEB_STYLE)}'; connect-src 'self'; "
+                  "img-src 'self' data:; base-uri 'none'; form-action 'self'; "
+                  "frame-ancestors 'none'")
+        web_page.built = (page.encode("utf-8"), policy)
+    return web_page.built
+
+
+###############################################################################
+# HTTP: REST, MCP, A2A and the page ##########################################
 ###############################################################################
 
 IDLE_TIMEOUT = 30           # seconds a keep-alive connection may wait for its next request
@@ -2403,7 +2845,8 @@ class HTTPFailure(Exception):
 
 
 class RequestHandler:
-    """The HTTP faces: REST at /api, MCP at /mcp; mixed into BaseHTTPRequestHandler.
+    """The HTTP faces: REST /api, MCP /mcp, A2A /a2a, the page at /; mixed into
+    BaseHTTPRequestHandler.
 
     Kept free of http.server at import time so one-shot CLI calls stay fast;
     make_server() composes the real handler class when a server is wanted.
@@ -2522,9 +2965,11 @@ class RequestHandler:
             return self.route_a2a(method, body)
         if url.path in ("/.well-known/agent-card.json", "/.well-known/agent.json"):
             return self.route_agent_card(method)
+        if url.path == "/":
+            return self.route_page(method)
         if url.path == "/api" or url.path.startswith("/api/"):
             return self.route_api(method, url, body)
-        return 404, f"not found: {url.path[:200]} (agora serves /api, /mcp and /a2a)\n".encode(
+        return 404, f"not found: {url.path[:200]} (agora serves /, /api, /mcp and /a2a)\n".encode(
             "utf-8", "replace"), [("Content-Type", "text/plain; charset=utf-8")]
 
     def route_api(self, method, url, body):
@@ -2607,6 +3052,18 @@ class RequestHandler:
         if etag in (self.headers.get("If-None-Match") or ""):
             return 304, b"", headers
         return 200, payload, headers
+
+    def route_page(self, method):
+        """Answer the web page: a client of /api like any other."""
+        self.log_face, self.log_what = "web", "page"
+        if method != "GET":
+            raise HTTPFailure(405, "GET the page", headers=[("Allow", "GET")])
+        self.check_origin()
+        page, policy = web_page()
+        return 200, page, [("Content-Type", "text/html; charset=utf-8"),
+                           ("Content-Security-Policy", policy), ("Cache-Control", "no-cache"),
+                           ("X-Content-Type-Options", "nosniff"),
+                           ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY")]
 
     def wants_text(self):
         """Answer whether the client asks for the text answer rather than JSON."""

@@ -1055,8 +1055,8 @@ class RestTest(ServerCase):
                                       token=token)[0], 400)
         self.assertEqual(self.request("POST", "/api/post", {"body": ""}, token)[0], 400)
         status, response, body = self.request("GET", "/nothing")
-        self.assertEqual((status, body), (404, "not found: /nothing (agora serves /api, /mcp "
-                                               "and /a2a)\n"))
+        self.assertEqual((status, body), (404, "not found: /nothing (agora serves /, /api, "
+                                               "/mcp and /a2a)\n"))
         self.assertTrue(response.getheader("Content-Type").startswith("text/plain"))
 
     def test_401_carries_www_authenticate(self):
@@ -1391,6 +1391,33 @@ class TokensInTheClearTest(unittest.TestCase):
             self.assertNotIn(token, log)
             self.assertNotIn(token.encode(), raw)
             self.assertNotIn(token[6:].encode(), raw)
+
+
+class WebPageTest(ServerCase):
+    """The page at /: one self-contained document that only this origin's API feeds."""
+
+    def test_the_page_and_its_policy(self):
+        import base64
+        import hashlib
+        status, response, page = self.request("GET", "/")
+        self.assertEqual(status, 200)
+        self.assertTrue(response.getheader("Content-Type").startswith("text/html"))
+        policy = response.getheader("Content-Security-Policy")
+        for block in re.findall(r"<script>(.*?)</script>", page, re.S) + \
+                re.findall(r"<style>(.*?)</style>", page, re.S):
+            digest = base64.b64encode(hashlib.sha256(block.encode()).digest()).decode()
+            self.assertIn(f"'sha256-{digest}'", policy)
+        self.assertIn("default-src 'none'", policy)
+        self.assertIn("connect-src 'self'", policy)
+        self.assertNotIn("unsafe-inline", policy)
+        self.assertEqual(response.getheader("X-Frame-Options"), "DENY")
+        self.assertNotRegex(page, r"(src|href)=\"https?://")        # no external assets
+        self.assertIn("sessionStorage", page)
+        self.assertNotIn(".innerHTML", page)
+
+    def test_only_get_and_host_checked(self):
+        self.assertEqual(self.request("POST", "/", {})[0], 405)
+        self.assertEqual(self.request("GET", "/", headers={"Host": "evil.example.com"})[0], 403)
 
 
 class JoinKeyServerTest(ServerCase):
