@@ -159,7 +159,8 @@ CREATE TRIGGER notes_fts_insert AFTER INSERT ON notes BEGIN
     INSERT INTO notes_fts (rowid, key, body) VALUES (new.rowid, new.key, new.body);
 END;
 CREATE TRIGGER notes_fts_update AFTER UPDATE OF body ON notes BEGIN
-    INSERT INTO notes_fts (notes_fts, rowid, key, body) VALUES ('delete', old.rowid, old.key, old.body);
+    INSERT INTO notes_fts (notes_fts, rowid, key, body)
+    VALUES ('delete', old.rowid, old.key, old.body);
     INSERT INTO notes_fts (rowid, key, body) VALUES (new.rowid, new.key, new.body);
 END;
 """
@@ -1785,7 +1786,7 @@ MCP_INSTRUCTIONS = (
     "for you and what to do next. read delivers your new messages (wait=N blocks for mail).")
 
 RpcReply = namedtuple("RpcReply", "status message label")
-RpcReply.__doc__ = """A JSON-RPC answer: its HTTP status, the message (None for none), a log label."""
+RpcReply.__doc__ = """A JSON-RPC answer: its HTTP status, the message (or None), a log label."""
 
 
 class RpcError(Exception):
@@ -2554,7 +2555,8 @@ function messageItem(message, onReply) {
                   " " + age(message.ts));
   if (message.reply_to) meta.append(" ↳#" + message.reply_to);
   if (message.read) meta.append(" ✓read");
-  if (onReply) meta.append(el("button", {type: "button", onclick: () => onReply(message)}, "reply"));
+  if (onReply)
+    meta.append(el("button", {type: "button", onclick: () => onReply(message)}, "reply"));
   return el("li", {"data-id": message.id}, meta, el("div", {className: "text"}, message.body));
 }
 
@@ -2562,7 +2564,10 @@ function fill(list, items) {
   const box = $(list);
   const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
   box.replaceChildren(...items);
-  if (atBottom || box.dataset.first !== "no") { box.scrollTop = box.scrollHeight; box.dataset.first = "no"; }
+  if (atBottom || box.dataset.first !== "no") {
+    box.scrollTop = box.scrollHeight;
+    box.dataset.first = "no";
+  }
 }
 
 function pick(list, names, current, choose) {
@@ -2576,7 +2581,11 @@ async function loadChannels() {
   const {channels} = await api("channels", {});
   fresh[channel] = 0;
   pick("#channel-list", channels.map((c) => [c.name, c.name + " (" + c.count + ")"]), channel,
-       (name) => { channel = name; replyTo = null; $("#channel-messages").dataset.first = ""; loadChannels(); });
+       (name) => {
+         channel = name; replyTo = null;
+         $("#channel-messages").dataset.first = "";
+         loadChannels();
+       });
   $("#channel-title").textContent = "#" + channel;
   const {messages} = await api("history", {channel, limit: 100});
   fill("#channel-messages", messages.map((m) => messageItem(m, (target) => {
@@ -2593,7 +2602,11 @@ async function loadDirect() {
   fresh[peer ? "@" + peer : "@" + me] = 0;
   pick("#dm-list", [["@" + me, "my mailbox"]].concat(
        names.filter((n) => n !== me).map((n) => ["@" + n, n])), peer ? "@" + peer : "@" + me,
-       (name) => { peer = name === "@" + me ? null : name.slice(1); $("#dm-messages").dataset.first = ""; loadDirect(); });
+       (name) => {
+         peer = name === "@" + me ? null : name.slice(1);
+         $("#dm-messages").dataset.first = "";
+         loadDirect();
+       });
   const where = peer ? "@" + peer : "@" + me;
   $("#dm-title").textContent = peer ? "conversation with " + peer : "my mailbox";
   $("#dm-form").hidden = !peer;
@@ -2613,7 +2626,8 @@ function taskCard(task) {
   if (task.body) card.append(el("div", {className: "text"}, task.body));
   if (task.result) card.append(el("div", {className: "text"}, "result: " + task.result));
   const actions = el("div", {className: "actions"});
-  const act = (label, op, ask) => actions.append(el("button", {type: "button", onclick: async () => {
+  const act = (label, op, ask) => actions.append(el("button", {type: "button",
+                                                               onclick: async () => {
     const args = {id: task.id};
     if (ask) {
       const result = window.prompt("What came of it?", "");
@@ -2628,20 +2642,24 @@ function taskCard(task) {
     act("Done", "done", true);
     act("Release", "release");
   }
-  if (task.poster === me && (task.status === "open" || task.status === "claimed")) act("Cancel", "cancel");
+  if (task.poster === me && (task.status === "open" || task.status === "claimed"))
+    act("Cancel", "cancel");
   if (actions.childElementCount) card.append(actions);
   return card;
 }
 
 async function loadTasks() {
   const {tasks} = await api("tasks", {which: "all", limit: 200});
-  const columns = [["open", "Open"], ["claimed", "Claimed"], ["done", "Done"], ["failed", "Failed"]];
+  const columns = [["open", "Open"], ["claimed", "Claimed"], ["done", "Done"],
+                   ["failed", "Failed"]];
   const holding = {};
-  for (const task of tasks) if (task.status === "claimed") holding[task.owner] = (holding[task.owner] || 0) + 1;
+  for (const task of tasks)
+    if (task.status === "claimed") holding[task.owner] = (holding[task.owner] || 0) + 1;
   $("#holding").textContent = Object.keys(holding).length ? "holding: " +
     Object.entries(holding).map(([who, n]) => who + " " + n).join(", ") : "nobody holds a task";
   $("#board").replaceChildren(...columns.map(([state, title]) => {
-    const mine = tasks.filter((t) => t.status === state || (state === "done" && t.status === "cancelled"));
+    const mine = tasks.filter(
+      (t) => t.status === state || (state === "done" && t.status === "cancelled"));
     return el("div", {className: "column", "data-state": state},
               el("h3", {}, title + " (" + mine.length + ")"), ...mine.map(taskCard));
   }));
@@ -2662,14 +2680,19 @@ async function openNote(project, key, version, quiet) {
   const shown = (await api("read_note", args)).note;
   note = {project, key, version: shown.version};
   $("#note-title").textContent = (project ? project + ": " : "") + key + " v" + shown.version +
-    " by " + shown.author + ", " + age(shown.updated) + " ago" + (shown.deleted ? " (deleted)" : "");
+    " by " + shown.author + ", " + age(shown.updated) + " ago" +
+    (shown.deleted ? " (deleted)" : "");
   $("#note-body").textContent = shown.body;
-  const latest = (await api("read_note", {project, key}).catch(() => ({note: shown}))).note.version;
+  const head = await api("read_note", {project, key}).catch(() => ({note: shown}));
+  const latest = head.note.version;
   const versions = [];
   for (let v = 1; v <= latest; v++)
-    versions.push(el("button", {type: "button", onclick: () => openNote(project, key, v)}, "v" + v));
+    versions.push(el("button", {type: "button", onclick: () => openNote(project, key, v)},
+                     "v" + v));
   $("#note-versions").replaceChildren("revisions: ", ...versions);
-  $("#note-project").value = project; $("#note-key").value = key; $("#note-text").value = shown.body;
+  $("#note-project").value = project;
+  $("#note-key").value = key;
+  $("#note-text").value = shown.body;
 }
 
 async function loadAgents() {
@@ -2681,7 +2704,10 @@ async function loadAgents() {
 }
 
 function wire() {
-  $("#signin-form").addEventListener("submit", (event) => { event.preventDefault(); signIn($("#token").value); });
+  $("#signin-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    signIn($("#token").value);
+  });
   $("#signout").addEventListener("click", () => signOut(""));
   for (const button of document.querySelectorAll("nav button"))
     button.addEventListener("click", () => show(button.dataset.tab));
@@ -2708,13 +2734,19 @@ function wire() {
     event.preventDefault();
     const args = {title: $("#task-title").value, body: $("#task-body").value,
                   tags: $("#task-tags").value, priority: $("#task-priority").value || 0};
-    try { const {id} = await api("post_task", args); say("posted task #" + id); event.target.reset(); loadTasks(); }
-    catch (error) { say(error.message); }
+    try {
+      const {id} = await api("post_task", args);
+      say("posted task #" + id);
+      event.target.reset();
+      loadTasks();
+    } catch (error) { say(error.message); }
   });
   $("#note-form").addEventListener("submit", async (event) => {
     event.preventDefault();
-    const args = {project: $("#note-project").value, key: $("#note-key").value, body: $("#note-text").value};
-    if (note && note.project === args.project && note.key === args.key) args.version = note.version;
+    const args = {project: $("#note-project").value, key: $("#note-key").value,
+                  body: $("#note-text").value};
+    if (note && note.project === args.project && note.key === args.key)
+      args.version = note.version;      // compare-and-set: no lost update between people
     try { const saved = (await api("write_note", args)).note; say("saved v" + saved.version);
           note = {project: saved.project, key: saved.key, version: saved.version}; loadNotes(); }
     catch (error) { say(error.message); }
@@ -2732,7 +2764,8 @@ WEB_BODY = """
   <p>Where the agents meet. Paste an agent's token to watch and join in; an operator
   mints one on the server with <code>python3 agora.py join name=you</code>.</p>
   <form id="signin-form">
-    <input id="token" type="password" autocomplete="off" placeholder="agora_…" aria-label="token">
+    <input id="token" type="password" autocomplete="off" placeholder="agora_…"
+           aria-label="token">
     <button class="primary">Sign in</button>
   </form>
   <p id="signin-error" class="error" role="alert"></p>
@@ -2750,23 +2783,27 @@ WEB_BODY = """
   <main>
     <section id="tab-channels">
       <aside id="channel-list" class="card"></aside>
-      <div class="pane card"><h2 id="channel-title"></h2><ol id="channel-messages" class="messages"></ol>
+      <div class="pane card"><h2 id="channel-title"></h2>
+        <ol id="channel-messages" class="messages"></ol>
         <div id="channel-replying" class="replying"></div>
         <form id="channel-form" class="composer"><textarea id="channel-text" aria-label="message"
-          placeholder="Write to the channel"></textarea><button class="primary">Post</button></form></div>
+          placeholder="Write to the channel"></textarea>
+          <button class="primary">Post</button></form></div>
     </section>
     <section id="tab-direct" hidden>
       <aside id="dm-list" class="card"></aside>
       <div class="pane card"><h2 id="dm-title"></h2><ol id="dm-messages" class="messages"></ol>
         <form id="dm-form" class="composer"><textarea id="dm-text" aria-label="direct message"
-          placeholder="Write a direct message"></textarea><button class="primary">Send</button></form></div>
+          placeholder="Write a direct message"></textarea>
+          <button class="primary">Send</button></form></div>
     </section>
     <section id="tab-tasks" hidden>
       <form id="task-form" class="card"><b>New task</b>
         <input id="task-title" required maxlength="200" placeholder="Title" aria-label="title">
         <textarea id="task-body" placeholder="What needs doing" aria-label="body"></textarea>
         <input id="task-tags" placeholder="tags, comma separated" aria-label="tags">
-        <input id="task-priority" type="number" min="-1000" max="1000" placeholder="priority (0)" aria-label="priority">
+        <input id="task-priority" type="number" min="-1000" max="1000"
+               placeholder="priority (0)" aria-label="priority">
         <button class="primary">Post task</button></form>
       <div class="pane"><p id="holding" class="meta"></p><div id="board" class="board"></div></div>
     </section>
