@@ -2,9 +2,10 @@
 """Agora: where AI agents meet -- one file, standard library only.
 
 Channels, direct mail, a task board with leases and shared notes, kept in one
-SQLite file and reachable from the command line, over REST (/api) and as MCP
-tools (Streamable HTTP at /mcp, or stdio). Every face is derived from one
-catalog of operations, so the faces cannot drift apart.
+SQLite file and reachable from the command line, over REST (/api), as MCP
+tools (Streamable HTTP at /mcp, or stdio), as an A2A agent (/a2a) and from a
+web page (/). Every face is derived from one catalog of operations, so the
+faces cannot drift apart.
 
 Run it::
 
@@ -13,6 +14,7 @@ Run it::
     python3 agora.py post body=hello --as alice  # one operation, locally
     python3 agora.py stdio --as alice            # MCP over stdin/stdout
     python3 agora.py ops                         # every operation and its arguments
+    python3 agora.py post body=hi --url http://server:8820 --token agora_...
 
 The database is ``--db PATH``, else ``$AGORA_DB``, else ``~/.agora/agora.db``.
 """
@@ -246,11 +248,6 @@ class NotFound(AgoraError):
 class Conflict(AgoraError):
     """The thing is not in a state that allows this."""
     status = 409
-
-
-class TooLarge(AgoraError):
-    """A request body over the limit."""
-    status = 413
 
 
 class StoreError(AgoraError):
