@@ -3276,13 +3276,14 @@ def serve(store, host, port, **options):
     import signal
     server = make_server(store, host, port, **options)
     shown = f"[{host.strip('[]')}]" if ":" in host else host
-    print(f"agora {__version__} listening on http://{shown}:{server.server_address[1]} "
-          f"(db {store.path})", flush=True)
 
     def stop(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, stop)
     try:
+        # Announced only once a stop signal is handled: a script may send one at once.
+        print(f"agora {__version__} listening on http://{shown}:{server.server_address[1]} "
+              f"(db {store.path})", flush=True)
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         pass
