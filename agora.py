@@ -469,8 +469,11 @@ class Store:
         try:
             yield batch.con
         except BaseException:
-            batch.con.execute("ROLLBACK TO block")
-            batch.con.execute("RELEASE block")
+            try:
+                batch.con.execute("ROLLBACK TO block")
+                batch.con.execute("RELEASE block")
+            except sqlite3.Error as error:
+                batch.error = error         # SQLite undid the whole transaction itself
             self._end_turn(batch)
             raise
         batch.con.execute("RELEASE block")
@@ -495,9 +498,12 @@ class Store:
             yield con
         except BaseException:
             self._batch = None
-            con.execute("ROLLBACK")
-            self._release(con)
-            self._write_lock.release()
+            try:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+            finally:
+                self._release(con)
+                self._write_lock.release()
             raise
         self._end_turn(batch)
         self._await_commit(batch)
@@ -513,12 +519,15 @@ class Store:
         batch.size += 1
         with self._queue_lock:
             waiting = self._queued
-        if waiting and batch.size < GROUP_COMMIT_MAX:
+        if waiting and batch.size < GROUP_COMMIT_MAX and batch.error is None:
             self._write_lock.release()
             return
         self._batch = None
         try:
-            batch.con.execute("COMMIT")
+            if batch.error is None:
+                batch.con.execute("COMMIT")
+            elif batch.con.in_transaction:
+                batch.con.execute("ROLLBACK")
         except BaseException as error:
             batch.error = error
             if batch.con.in_transaction:
@@ -1196,7 +1205,7 @@ def _search_messages(db, me, terms, limit, fts):
     else:
         likes = " AND ".join(f"body LIKE :t{i} ESCAPE '\\'" for i in range(len(terms)))
         rows = db.execute(
-            f"SELECT *, NULL AS snippet, -id AS rank FROM messages WHERE {likes} "
+            f"SELECT *, NULL AS snippet, -ts AS rank FROM messages WHERE {likes} "
             f"AND {_visible_sql()} ORDER BY id DESC LIMIT :limit",
             dict(visible, **{f"t{i}": _like_pattern(t) for i, t in enumerate(terms)}))
     return [{"kind": "message", "id": r["id"], "channel": r["channel"],
@@ -1212,7 +1221,7 @@ def _search_tasks(db, me, terms, limit, fts):
             "WHERE tasks_fts MATCH ? ORDER BY rank LIMIT ?", (_fts_query(terms), limit))
     else:
         likes = " AND ".join("(title || ' ' || body) LIKE ? ESCAPE '\\'" for _ in terms)
-        rows = db.execute(f"SELECT *, NULL AS snippet, -id AS rank FROM tasks WHERE {likes} "
+        rows = db.execute(f"SELECT *, NULL AS snippet, -updated AS rank FROM tasks WHERE {likes} "
                           "ORDER BY id DESC LIMIT ?",
                           [_like_pattern(t) for t in terms] + [limit])
     return [{"kind": "task", "id": r["id"], "title": r["title"], "status": r["status"],
@@ -1616,7 +1625,7 @@ def _check_value(name, rule, value):
         raise BadRequest(f"{name} must be valid Unicode text (it holds a lone surrogate)")
     if "enum" in rule and value not in rule["enum"]:
         raise BadRequest(f"{name} must be one of {', '.join(rule['enum'])} (got {value!r:.60})")
-    if "pattern" in rule and not re.search(rule["pattern"], value):
+    if "pattern" in rule and not re.fullmatch(rule["pattern"], value):     # '$' allows "\n"
         raise BadRequest(f"{name} must be {PATTERN_RULES[rule['pattern']]} (got {value!r:.60})")
     if not rule.get("minLength", 0) <= len(value) <= rule.get("maxLength", len(value)):
         raise BadRequest(f"{name} must be {rule['minLength']}-{rule['maxLength']} "
@@ -2165,19 +2174,51 @@ def _camel_case(params):
     return params
 
 
+# A refusal from the catalog as the A2A error a client understands: the one place
+# where the A2A face maps statuses (a task of someone else's is "not found" too).
+A2A_REFUSALS = {400: -32602, 403: -32001, 404: -32001, 409: -32002}
+
+
+def _a2a_call(store, caller, name, args):
+    """Run catalog operation NAME for the A2A face; answer its body or raise its error."""
+    result = call(store, name, args, caller)
+    if result.status == 200:
+        return result.body
+    if result.status == 401:
+        raise RpcError(-32600, result.text, http_status=401)
+    raise RpcError(A2A_REFUSALS.get(result.status, -32603), result.body["error"])
+
+
+A2A_KINDS = {int: "a whole number", str: "a string", dict: "an object", bool: "true or false"}
+
+
+def _a2a_param(params, name, kind, default=None):
+    """Answer params[NAME] if it is of KIND (or absent: DEFAULT), else raise -32602."""
+    value = params.get(name)
+    if value is None:
+        return default
+    if kind is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if kind is int and isinstance(value, str) and re.fullmatch(r"[0-9]{1,9}", value):
+        value = int(value)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise RpcError(-32602, f"{name} must be {A2A_KINDS[kind]}")
+    if kind is str and not (_is_unicode(value) and len(value) <= 200):
+        raise RpcError(-32602, f"{name} must be Unicode text of at most 200 characters")
+    if kind is int and not 0 <= value <= 10 ** 9:
+        raise RpcError(-32602, f"{name} must not be negative")
+    return value
+
+
+
 def _a2a_board_task(store, caller, raw_id):
     """Answer the board task RAW_ID if CALLER posted it; anything else is not found."""
     task_id = str(raw_id) if isinstance(raw_id, (str, int)) else ""
-    if task_id.isdigit():
-        result = call(store, "task", {"id": int(task_id)}, caller)
-        if result.status == 200 and result.body["task"]["poster"] == caller.name:
-            return result.body["task"]
+    if re.fullmatch(r"[0-9]{1,18}", task_id):
+        task = _a2a_call(store, caller, "task", {"id": int(task_id)})["task"]
+        if task["poster"] == caller.name:
+            return task
     raise RpcError(-32001, f"task {str(raw_id)[:40]} not found")
-
-
-def _refusal(result, code):
-    """Raise the A2A error for a refused catalog call."""
-    raise RpcError(code, result.body["error"])
 
 
 def _a2a_send(store, caller, params, era, block):
@@ -2185,25 +2226,23 @@ def _a2a_send(store, caller, params, era, block):
     import secrets
     message = params.get("message")
     text = _a2a_text(message)
-    configuration = params.get("configuration") or {}
+    configuration = _a2a_param(params, "configuration", dict, {})
+    history_length = _a2a_param(configuration, "historyLength", int)
     immediately = (configuration.get("returnImmediately") is True if era == "1.0"
                    else configuration.get("blocking") is False)
-    message_id = str(message.get("messageId") or secrets.token_hex(8))
-    if not (_is_unicode(message_id) and len(message_id) <= 200):
-        raise RpcError(-32602, "messageId must be Unicode text of at most 200 characters")
+    message_id = _a2a_param(message, "messageId", str) or secrets.token_hex(8)
+    context_id = _a2a_param(message, "contextId", str)
     if message.get("taskId") is not None:
         task = _a2a_board_task(store, caller, message["taskId"])
         with store.transaction() as db:
-            context_id, _ = _a2a_context(db, task["id"])
-        if message.get("contextId") not in (None, context_id):
+            known_context, _ = _a2a_context(db, task["id"])
+        if context_id not in (None, known_context):
             raise RpcError(-32602, f"contextId is not task {task['id']}'s context")
         if task["status"] in A2A_TERMINAL:
             raise RpcError(-32004, f"task {task['id']} is {task['status']}: send a new message")
         if task["status"] == "claimed":
-            sent = call(store, "post", {"to": task["owner"],
-                                        "body": f"about task #{task['id']}: {text}"}, caller)
-            if sent.status != 200:
-                _refusal(sent, -32602)
+            _a2a_call(store, caller, "post", {"to": task["owner"],
+                                              "body": f"about task #{task['id']}: {text}"})
         with store.transaction(write=True) as db:
             db.execute("INSERT INTO a2a_messages (task_id, message_id, role, text, ts) "
                        "VALUES (?, ?, 'user', ?, ?)", (task["id"], message_id, text,
@@ -2215,40 +2254,29 @@ def _a2a_send(store, caller, params, era, block):
         for key in ("tags", "priority"):
             if isinstance(metadata, dict) and metadata.get(key) is not None:
                 args[key] = metadata[key]
-        posted = call(store, "post_task", args, caller)
-        if posted.status != 200:
-            _refusal(posted, -32602)
-        task_id = posted.body["id"]
-        context_id = message.get("contextId")
-        if not isinstance(context_id, str) or not context_id:
-            context_id = secrets.token_hex(16)
-        elif not (_is_unicode(context_id) and len(context_id) <= 200):
-            raise RpcError(-32602, "contextId must be Unicode text of at most 200 characters")
+        task_id = _a2a_call(store, caller, "post_task", args)["id"]
         with store.transaction(write=True) as db:
             db.execute("INSERT INTO a2a_tasks (task_id, context_id, message_id) VALUES (?, ?, ?)",
-                       (task_id, context_id, message_id))
+                       (task_id, context_id or secrets.token_hex(16), message_id))
 
     def current():
-        return call(store, "task", {"id": task_id}, caller).body["task"]
+        return _a2a_call(store, caller, "task", {"id": task_id})["task"]
     if not immediately and block > 0:
         store.wait(lambda: current()["status"] in A2A_TERMINAL, block)
-    answer = a2a_task(store, current(), era, configuration.get("historyLength"))
+    answer = a2a_task(store, current(), era, history_length)
     return {"task": answer} if era == "1.0" else answer
 
 
 def _a2a_get(store, caller, params, era, block):
     """Answer one of the caller's tasks."""
     task = _a2a_board_task(store, caller, params.get("id"))
-    return a2a_task(store, task, era, params.get("historyLength"))
+    return a2a_task(store, task, era, _a2a_param(params, "historyLength", int))
 
 
 def _a2a_cancel(store, caller, params, era, block):
     """Cancel one of the caller's unfinished tasks."""
     task = _a2a_board_task(store, caller, params.get("id"))
-    result = call(store, "cancel", {"id": task["id"]}, caller)
-    if result.status != 200:
-        _refusal(result, -32002)
-    return a2a_task(store, result.body["task"], era)
+    return a2a_task(store, _a2a_call(store, caller, "cancel", {"id": task["id"]})["task"], era)
 
 
 # An A2A state filter of ListTasks as the board query that finds it.
@@ -2263,28 +2291,27 @@ A2A_STATE_FILTERS = {
 
 def _a2a_list(store, caller, params, era, block):
     """Answer a page of the caller's tasks, newest first."""
-    page_size = params.get("pageSize", A2A_PAGE_SIZE)
-    if isinstance(page_size, float) and page_size.is_integer():
-        page_size = int(page_size)
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or not (
-            1 <= page_size <= A2A_MAX_PAGE_SIZE):
+    page_size = _a2a_param(params, "pageSize", int, A2A_PAGE_SIZE)
+    if not 1 <= page_size <= A2A_MAX_PAGE_SIZE:
         raise RpcError(-32602, f"pageSize must be 1-{A2A_MAX_PAGE_SIZE}")
-    token = params.get("pageToken") or ""
-    if not (isinstance(token, str) and re.fullmatch(r"(\d+\.\d+)?", token)):
+    token = _a2a_param(params, "pageToken", str, "")
+    if not re.fullmatch(r"([0-9]{1,18}\.[0-9]{1,18})?", token):
         raise RpcError(-32602, "pageToken is not one this server gave")
+    state = _a2a_param(params, "status", str)
+    context = _a2a_param(params, "contextId", str)
+    after = _a2a_param(params, "statusTimestampAfter", str)
+    history_length = _a2a_param(params, "historyLength", int)
     where = ["poster = :me"]
-    state = params.get("status")
     if state not in (None, "", "TASK_STATE_UNSPECIFIED"):
         if state not in A2A_STATE_FILTERS:
             raise RpcError(-32602, f"status must be one of {', '.join(A2A_STATE_FILTERS)}")
         where.append(A2A_STATE_FILTERS[state])
-    if params.get("contextId"):
+    if context:
         where.append("id IN (SELECT task_id FROM a2a_tasks WHERE context_id = :context)")
-    after = params.get("statusTimestampAfter")
     if after:
         where.append("updated >= :after")
     updated, before = token.split(".") if token else (2 ** 62, 2 ** 62)
-    query = {"me": caller.name, "now": int(time.time()), "context": params.get("contextId"),
+    query = {"me": caller.name, "now": int(time.time()), "context": context,
              "after": _from_rfc3339(after) if after else 0, "updated": int(updated),
              "before": int(before), "limit": page_size + 1}
     condition = " AND ".join(where)
@@ -2294,7 +2321,6 @@ def _a2a_list(store, caller, params, era, block):
             f"SELECT id, updated FROM tasks WHERE {condition} AND (updated < :updated OR "
             "(updated = :updated AND id < :before)) ORDER BY updated DESC, id DESC "
             "LIMIT :limit", query).fetchall()
-    history_length = params.get("historyLength")
     tasks = [a2a_task(store, _a2a_board_task(store, caller, row["id"]), era, history_length)
              for row in rows[:page_size]]
     if params.get("includeArtifacts") is not True:
@@ -2957,7 +2983,8 @@ class RequestHandler:
         if not self.server.quiet:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
             millis = (time.monotonic() - started) * 1000
-            sys.stderr.write(f"{stamp} {self.log_face} {self.log_agent} {self.log_what} "
+            what = re.sub(r"[^!-~]", "?", str(self.log_what))[:80]   # one line, bounded
+            sys.stderr.write(f"{stamp} {self.log_face} {self.log_agent} {what} "
                              f"{status} {millis:.0f}ms\n")
 
     def read_body(self):
@@ -2965,7 +2992,7 @@ class RequestHandler:
         if self.headers.get("Transfer-Encoding"):
             raise HTTPFailure(411, "send the body with a Content-Length", close=True)
         text = self.headers.get("Content-Length", "0").strip() or "0"
-        if not text.isdigit():
+        if not re.fullmatch(r"[0-9]{1,19}", text):
             raise HTTPFailure(400, "Content-Length is not a number", close=True)
         length = int(text)
         if length > MAX_REQUEST_BODY:
@@ -3166,11 +3193,14 @@ class Server:
     allow_reuse_address = True
     request_queue_size = 128            # the stdlib's 5 resets connections in a burst
 
-    def start_watchdog(self):
-        """Start the thread that closes connections past their time."""
+    def __init__(self, *args, **kwargs):
         self.deadlines, self.open_connections = {}, set()
         self.watch_lock = threading.Lock()
         self.watchdog_stop = threading.Event()
+        super().__init__(*args, **kwargs)
+
+    def start_watchdog(self):
+        """Start the thread that closes connections past their time."""
         threading.Thread(target=self._reap, name="agora-watchdog", daemon=True).start()
 
     def watch(self, connection, seconds, opened=False, closed=False):
@@ -3453,8 +3483,8 @@ def default_db_path():
 
 def _parse_address(text):
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"--addr must be HOST:PORT, not {text!r}")
+    if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
+        raise ValueError(f"--addr must be HOST:PORT with a port up to 65535, not {text!r}")
     return host, int(port)
 
 
@@ -3636,9 +3666,15 @@ def _serve_command(options):
             store.close()
             print(f"agora: --a2a-guest: {error.message}", file=sys.stderr)
             return 2
-    return serve(store, host, port, allow_hosts=options.allow_host, quiet=options.quiet,
-                 public_url=options.public_url, a2a_guest=options.a2a_guest,
-                 a2a_block=max(0, options.a2a_block))
+    try:
+        return serve(store, host, port, allow_hosts=options.allow_host, quiet=options.quiet,
+                     public_url=options.public_url, a2a_guest=options.a2a_guest,
+                     a2a_block=max(0, options.a2a_block))
+    except OSError as error:
+        store.close()
+        print(f"agora: cannot listen on {host}:{port}: {error.strerror or error}",
+              file=sys.stderr)
+        return 1
 
 
 def main(argv=None):

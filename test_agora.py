@@ -123,6 +123,14 @@ class JoinTest(StoreCase):
         self.assertEqual(result.status, 200)
         self.ok("join", who=None, name="carol")     # the local operator needs no key
 
+    def test_a_trailing_newline_is_no_part_of_a_name(self):
+        for op, args in (("join", {"name": "alice\n"}), ("create_channel", {"name": "dev\n"}),
+                         ("write_note", {"key": "k\n", "body": "x"}),
+                         ("post_task", {"title": "t", "tags": ["ok\n"]})):
+            self.assertEqual(self.call(op, who=None if op == "join" else "alice", **args).status,
+                             400, op)
+        self.assertEqual(self.call("brief", who="alice\n").status, 400)
+
     def test_uppercase_name_is_refused_not_folded(self):
         error = self.refused(400, "join", who=None, name="Bob")
         self.assertIn("name", error)
@@ -781,6 +789,57 @@ class FuzzTest(StoreCase):
         self.assertIn("Unicode", self.refused(400, "post", body="\ud800"))
 
 
+class GroupCommitTest(StoreCase):
+    """Writers sharing one commit: a failing block is undone alone, or fails all it shared."""
+
+    def write_many(self, fail):
+        outcomes = []
+
+        def writer(i):
+            try:
+                with self.store.transaction(write=True) as db:
+                    db.execute("INSERT INTO channels (name, created_by, created) "
+                               "VALUES (?, 'x', 0)", (f"c{i}",))
+                    fail(db, i)
+                    time.sleep(0.005)
+                outcomes.append((i, "ok"))
+            except Exception as error:
+                outcomes.append((i, type(error).__name__))
+        threads = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(12)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 20
+        for thread in threads:
+            thread.join(max(0, deadline - time.monotonic()))
+        self.assertFalse(any(thread.is_alive() for thread in threads), "a writer hung")
+        with self.store.transaction() as db:
+            stored = {row[0] for row in db.execute(
+                "SELECT name FROM channels WHERE name LIKE 'c%'")}
+        self.assertEqual(stored, {f"c{i}" for i, outcome in outcomes if outcome == "ok"})
+        return dict(outcomes)
+
+    def test_a_failing_block_is_undone_alone(self):
+        def fail(db, i):
+            if i % 4 == 0:
+                raise ValueError("this block fails after writing")
+        outcomes = self.write_many(fail)
+        self.assertEqual({i for i, o in outcomes.items() if o != "ok"}, {0, 4, 8})
+
+    def test_an_aborted_transaction_fails_only_what_shared_it(self):
+        def fail(db, i):
+            if i == 5:
+                db.execute("ROLLBACK")          # SQLite's own abort, as on a full disk
+                raise sqlite3.OperationalError("aborted")
+        outcomes = self.write_many(fail)
+        self.assertEqual(outcomes[5], "OperationalError")
+        self.assertTrue(set(outcomes.values()) <= {"ok", "StoreError", "OperationalError"})
+        after = threading.Thread(target=self.ok, args=("create_channel",),
+                                 kwargs={"name": "still-writable"}, daemon=True)
+        after.start()
+        after.join(10)
+        self.assertFalse(after.is_alive(), "the write lock was never released")
+
+
 class StoreFileTest(unittest.TestCase):
 
     def setUp(self):
@@ -1245,6 +1304,7 @@ class HostileHttpTest(ServerCase):
             b"GET /api HTTP/9.9\r\n\r\n", b"GET " + b"/a" * 40000 + b" HTTP/1.1\r\n\r\n",
             b"POST /api/post HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
             b"POST /api/post HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
+            b"POST /api/post HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n",
             b"POST /api/post HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
             b"POST /api/post HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
             b"POST /api/post HTTP/1.1\r\n" + auth + b"Content-Length: 50\r\n\r\n{\"body\": \"trunc",
@@ -2082,6 +2142,23 @@ class A2ATest(A2ACase):
         self.assertEqual(body, "[blob.bin (application/x-unknown) not shown: agora keeps "
                                "text only]")
 
+    def test_odd_parameter_types_are_invalid_params_not_failures(self):
+        task = self.send("typed")["task"]["id"]
+        for method, params in (
+                ("GetTask", {"id": task, "historyLength": "x"}),
+                ("GetTask", {"id": task, "historyLength": -1}),
+                ("SendMessage", {"message": {"messageId": "a", "role": "ROLE_USER",
+                                             "parts": [{"text": "t"}]}, "configuration": "x"}),
+                ("SendMessage", {"message": {"messageId": "b", "role": "ROLE_USER",
+                                             "parts": [{"text": "t"}], "contextId": "c" * 300}}),
+                ("ListTasks", {"contextId": {}}), ("ListTasks", {"status": ["x"]}),
+                ("ListTasks", {"pageToken": "99999999999999999999.1"})):
+            status, _, body = self.a2a(method, params)
+            self.assertEqual((status, body["error"]["code"]), (200, -32602), (method, params))
+        self.assertEqual(self.a2a("GetTask", {"id": "²"})[2]["error"]["code"], -32001)
+        listed = self.a2a("ListTasks", {})[2]["result"]
+        self.assertEqual(listed["totalSize"], 1)        # no task posted by a refused message
+
     def test_errors(self):
         cases = [("SendStreamingMessage", -32004, "UNSUPPORTED_OPERATION"),
                  ("SubscribeToTask", -32004, "UNSUPPORTED_OPERATION"),
@@ -2271,7 +2348,13 @@ class ServeCommandTest(unittest.TestCase):
         self.assertEqual(match.group(2), self.db)
         conn = http.client.HTTPConnection("127.0.0.1", int(match.group(1)), timeout=10)
         conn.request("POST", "/api/join", body='{"name": "x"}')
-        self.assertEqual(conn.getresponse().status, 200)
+        response = conn.getresponse()
+        response.read()
+        self.assertEqual(response.status, 200)
+        forged = json.dumps({"jsonrpc": "2.0", "id": 1,
+                             "method": "x\n2026-01-01T00:00:00 rest alice post 200 1ms" + "y" * 500})
+        conn.request("POST", "/mcp", body=forged)
+        conn.getresponse().read()
         conn.close()
         server.terminate()
         _, err = server.communicate(timeout=10)
@@ -2279,6 +2362,8 @@ class ServeCommandTest(unittest.TestCase):
         self.assertNotIn("Traceback", err)
         self.assertRegex(err, r"rest - join 200 \d+ms")
         self.assertNotIn("agora_", err)
+        self.assertNotIn("\n2026-01-01", err)                      # no forged log line
+        self.assertTrue(all(len(line) < 160 for line in err.splitlines()))
 
     def test_ctrl_c_stops_cleanly(self):
         import signal
