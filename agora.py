@@ -64,6 +64,7 @@ PATTERN_RULES = {
 }
 
 SCHEMA_VERSION = 3
+NEWEST_MESSAGE = "SELECT coalesce(max(id), 0) FROM messages"
 
 SCHEMA = """
 CREATE TABLE agents (
@@ -261,9 +262,8 @@ class Unreachable(AgoraError):
 
 
 ###############################################################################
-# Store #######################################################################
+# JSON on the wire ############################################################
 ###############################################################################
-
 
 def parse_json(data):
     """Decode strict JSON: no NaN/Infinity, no integers past 64 bits, no deep nesting.
@@ -301,6 +301,16 @@ def parse_json(data):
             children = item.values() if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children)
     return value
+
+
+def json_bytes(value):
+    """Encode VALUE as compact JSON; escaped to ASCII, so any string can be sent."""
+    return json.dumps(value, separators=(",", ":")).encode("ascii")
+
+
+###############################################################################
+# Store #######################################################################
+###############################################################################
 
 
 def sql_statements(script):
@@ -540,17 +550,23 @@ class Store:
                 self._generation += 1
                 self._changed.notify_all()
 
-    def query_one(self, sql, params=()):
-        """Answer the first row of one read-only statement (a transaction of its own)."""
+    @contextlib.contextmanager
+    def reading(self):
+        """Yield a connection outside any transaction: each statement reads on its own."""
         con = self._acquire()
         try:
-            return con.execute(sql, params).fetchone()
+            yield con
         finally:
             self._release(con)
 
+    def query_one(self, sql, params=()):
+        """Answer the first row of one read-only statement."""
+        with self.reading() as con:
+            return con.execute(sql, params).fetchone()
+
     def last_message_id(self):
         """Answer the newest message id in the file (0 when there is none)."""
-        return self.query_one("SELECT coalesce(max(id), 0) FROM messages")[0]
+        return self.query_one(NEWEST_MESSAGE)[0]
 
     def wait(self, ready, timeout):
         """Block until READY() is true or TIMEOUT seconds pass; answer whether it was.
@@ -638,7 +654,8 @@ def operation(name, summary, properties=None, required=(), readonly=False, open=
     return register
 
 
-def _string(low, high, description=None, pattern=None, default=None):
+def _string(low=0, high=None, description=None, pattern=None, default=None):
+    """Answer a string rule: bounded by LOW and HIGH, or by PATTERN (which says it all)."""
     rule = {"type": "string"}
     if pattern:
         rule["pattern"] = pattern
@@ -661,13 +678,13 @@ def _integer(low, high, description=None, default=None):
 
 
 ID = {"type": "integer", "minimum": 1}
-NAME = _string(1, 48, pattern=SLUG)
+NAME = _string(pattern=SLUG)
 LIMIT = _integer(1, 200, default=20)
 LEASE = _integer(1, 86400, "seconds", default=600)
 MESSAGE_BODY = _string(1, 16384)
 LONG_TEXT = _string(0, 16384)
-PROJECT_NAME = _string(0, 48, 'namespace; "" is global', pattern=PROJECT, default="")
-NOTE_KEY_NAME = _string(1, 48, "e.g. design/api", pattern=NOTE_KEY)
+PROJECT_NAME = _string(description='namespace; "" is global', pattern=PROJECT, default="")
+NOTE_KEY_NAME = _string(description="e.g. design/api", pattern=NOTE_KEY)
 TAGS = {"type": "array", "items": NAME, "maxItems": 20,
         "description": "list, or one comma-separated string"}
 
@@ -744,14 +761,14 @@ def _note_name(note):
     return f"{note['project']}:{note['key']}" if note["project"] else note["key"]
 
 
+def _size(count):
+    return f"{count / 1000:.1f}k" if count >= 1000 else f"{count}c"
+
+
 def _note_line(note, now, size=None):
     line = (f"{_note_name(note)} v{note['version']} {note['author']} "
             f"{age(now - note['updated'])}")
     return line if size is None else f"{line} {_size(size)}"
-
-
-def _size(count):
-    return f"{count / 1000:.1f}k" if count >= 1000 else f"{count}c"
 
 
 def _visible_sql(alias=""):
@@ -766,7 +783,7 @@ def _may_see(row, me):
 
 
 def _newest_id(db):
-    return db.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]
+    return db.execute(NEWEST_MESSAGE).fetchone()[0]
 
 
 def _follow(db, agent, channel):
@@ -816,6 +833,10 @@ def _unread(db, me):
         "AND m.id > c.last_id AND m.sender != :me) FROM cursors c "
         "WHERE c.agent = :me AND c.following = 1 ORDER BY c.channel", {"me": me})
     return {channel: count for channel, count in rows if count}
+
+
+# A task that is open, or whose lease ran out: claimable again.
+OPEN_TASK = "(status = 'open' OR (status = 'claimed' AND lease_until <= :now))"
 
 
 # Agents -----------------------------------------------------------------------
@@ -871,13 +892,11 @@ def op_brief(store, caller, args, now):
         held = [_task(row, now) for row in db.execute(
             "SELECT * FROM tasks WHERE owner = ? AND status = 'claimed' AND lease_until > ? "
             "ORDER BY lease_until", (me, now))]
-        open_count = db.execute(
-            "SELECT count(*) FROM tasks WHERE status = 'open' "
-            "OR (status = 'claimed' AND lease_until <= ?)", (now,)).fetchone()[0]
+        open_count = db.execute(f"SELECT count(*) FROM tasks WHERE {OPEN_TASK}",
+                                {"now": now}).fetchone()[0]
         top = [_task(row, now) for row in db.execute(
-            "SELECT * FROM tasks WHERE status = 'open' "
-            "OR (status = 'claimed' AND lease_until <= ?) "
-            "ORDER BY priority DESC, id LIMIT ?", (now, TOP_OPEN_TASKS))]
+            f"SELECT * FROM tasks WHERE {OPEN_TASK} ORDER BY priority DESC, id LIMIT :top",
+            {"now": now, "top": TOP_OPEN_TASKS})]
         changed = [_note(row, with_body=False) for row in db.execute(
             "SELECT * FROM notes WHERE updated > ? AND author != ? "
             "ORDER BY updated DESC LIMIT 10", (agent["briefed"], me))]
@@ -1029,9 +1048,9 @@ SAME_POST = ("sender = :sender AND digest = :digest AND ts >= :since AND channel
 @operation("post", "Post to a channel (default public), or send direct mail with to=AGENT. "
            "An identical post within 10 s is not stored twice.",
            {"body": MESSAGE_BODY,
-            "channel": _string(1, 49, "default public; @agent is direct mail",
+            "channel": _string(description="default public; @agent is direct mail",
                                pattern=CHANNEL_OR_MAILBOX),
-            "to": _string(1, 48, "an agent: direct mail", pattern=SLUG),
+            "to": _string(description="an agent: direct mail", pattern=SLUG),
             "reply_to": dict(ID, description="the message id this answers")},
            required=["body"])
 def op_post(store, caller, args, now):
@@ -1043,20 +1062,16 @@ def op_post(store, caller, args, now):
         to = channel[1:]
     # Agents, channels and messages are never deleted, so these checks need not
     # hold the write lock: what exists now still exists at the insert.
-    if to is not None:
-        if to == SYSTEM_SENDER or not store.query_one(
-                "SELECT 1 FROM agents WHERE name = ?", (to,)):
-            raise NotFound(f"no agent {to}", hint="agents lists who is here")
-        channel = mailbox(to)
-    else:
-        channel = channel or "public"
-        if not store.query_one("SELECT 1 FROM channels WHERE name = ?", (channel,)):
-            raise NotFound(f"no channel {channel}", hint="channels lists them")
-    if args["reply_to"] is not None:
-        row = store.query_one("SELECT channel, sender FROM messages WHERE id = ?",
-                              (args["reply_to"],))
-        if row is None or not _may_see(row, me):
-            raise NotFound(f"no message #{args['reply_to']}")
+    with store.reading() as db:
+        if to is not None:
+            if not _agent_exists(db, to):
+                raise NotFound(f"no agent {to}", hint="agents lists who is here")
+            channel = mailbox(to)
+        else:
+            channel = channel or "public"
+            _require_channel(db, channel)
+        if args["reply_to"] is not None:
+            _visible_message(db, args["reply_to"], me)
     same = {"channel": channel, "sender": me, "body": args["body"],
             "reply_to": args["reply_to"], "now": now, "since": now - DEDUP_SECONDS,
             "digest": _digest(channel, args["body"], args["reply_to"])}
@@ -1122,7 +1137,7 @@ def op_read(store, caller, args, now):
 
 @operation("history", "Past messages of a channel, newest page first (oldest first within "
            "it); @agent is your conversation with that agent. Moves no cursor.",
-           {"channel": _string(1, 49, "a channel, or @agent", pattern=CHANNEL_OR_MAILBOX),
+           {"channel": _string(description="a channel, or @agent", pattern=CHANNEL_OR_MAILBOX),
             "before": {"type": "integer", "minimum": 0, "default": 0,
                        "description": "only ids below this; 0 = newest"},
             "limit": LIMIT},
@@ -1193,6 +1208,11 @@ def _like_snippet(text, terms, width=60):
     return ("…" if start else "") + excerpt
 
 
+def _fts_query(terms):
+    # Each word is quoted, so punctuation in a query is text, never FTS5 syntax.
+    return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
+
+
 def _search_messages(db, me, terms, limit, fts):
     visible = {"me": me, "mailbox": mailbox(me), "limit": limit}
     if fts:
@@ -1248,11 +1268,6 @@ def _search_notes(db, me, terms, limit, fts):
             for r in rows]
 
 
-def _fts_query(terms):
-    # Each word is quoted, so punctuation in a query is text, never FTS5 syntax.
-    return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
-
-
 SEARCHES = {"messages": _search_messages, "tasks": _search_tasks, "notes": _search_notes}
 
 
@@ -1273,8 +1288,10 @@ def op_search(store, caller, args, now):
     with store.transaction() as db:
         for scope in scopes:
             hits += SEARCHES[scope](db, caller.name, terms, args["limit"], store.fts)
-    hits.sort(key=lambda hit: hit.pop("rank"))
+    hits.sort(key=lambda hit: hit["rank"])
     hits = hits[:args["limit"]]
+    for hit in hits:
+        del hit["rank"]
     lines = []
     for hit in hits:
         snippet = clip(hit["snippet"], 120)
@@ -1291,7 +1308,6 @@ def op_search(store, caller, args, now):
 
 # Tasks ------------------------------------------------------------------------------
 
-OPEN_TASK = "(status = 'open' OR (status = 'claimed' AND lease_until <= :now))"
 
 TASK_LISTS = {
     "open": (OPEN_TASK, "priority DESC, id"),
@@ -1585,6 +1601,15 @@ def op_delete_note(store, caller, args, now):
 # Dispatch ####################################################################
 ###############################################################################
 
+def _is_unicode(text):
+    """Answer whether TEXT can be stored and sent: no lone surrogates (JSON allows them)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 TRUE_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -1631,15 +1656,6 @@ def _check_value(name, rule, value):
         raise BadRequest(f"{name} must be {rule['minLength']}-{rule['maxLength']} "
                          f"characters (got {len(value)})")
     return value
-
-
-def _is_unicode(text):
-    """Answer whether TEXT can be stored and sent: no lone surrogates (JSON allows them)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def validate(op, args):
@@ -1771,8 +1787,6 @@ def call(store, name, args=None, caller=Caller(local=True), now=None):
         traceback.print_exc(file=sys.stderr)
         return Result(500, {"error": f"internal error in {name}; the server log has details"},
                       f"internal error in {name}; the server log has details")
-
-
 
 
 ###############################################################################
@@ -2208,7 +2222,6 @@ def _a2a_param(params, name, kind, default=None):
     if kind is int and not 0 <= value <= 10 ** 9:
         raise RpcError(-32602, f"{name} must not be negative")
     return value
-
 
 
 def _a2a_board_task(store, caller, raw_id):
@@ -2889,11 +2902,6 @@ def catalog_json():
         {"name": op.name, "description": op.summary, "readonly": op.readonly,
          "open": op.open, "methods": ["GET", "POST"] if op.readonly else ["POST"],
          "path": f"/api/{op.name}", "schema": op.schema} for op in CATALOG.values()]}
-
-
-def json_bytes(value):
-    """Encode VALUE as compact JSON; escaped to ASCII, so any string can be sent."""
-    return json.dumps(value, separators=(",", ":")).encode("ascii")
 
 
 class HTTPFailure(Exception):
