@@ -28,7 +28,6 @@ import sqlite3
 import sys
 import threading
 import time
-import traceback
 from collections import namedtuple
 
 __version__ = "0.1.0"
@@ -1784,6 +1783,7 @@ def call(store, name, args=None, caller=Caller(local=True), now=None):
         problem = file_problem(store, error)
         if problem is not None:
             return error_result(problem)
+        import traceback        # only ever needed to report a bug
         traceback.print_exc(file=sys.stderr)
         return Result(500, {"error": f"internal error in {name}; the server log has details"},
                       f"internal error in {name}; the server log has details")
@@ -1998,6 +1998,7 @@ def mcp_handle(store, data, caller, headers=None):
         return RpcReply(error.http_status, _rpc_error(request_id, error.code, error.message,
                                                       error.data), label)
     except Exception:
+        import traceback        # only ever needed to report a bug
         traceback.print_exc(file=sys.stderr)
         return RpcReply(500, _rpc_error(request.id if request else None, -32603,
                                         "Internal error"), label)
@@ -2400,6 +2401,7 @@ def a2a_handle(store, data, caller, headers, block=A2A_DEFAULT_BLOCK):
         request_id = request.id if request else error.request_id
         return RpcReply(error.http_status, _a2a_error(request_id, error, era), label)
     except Exception:
+        import traceback        # only ever needed to report a bug
         traceback.print_exc(file=sys.stderr)
         return RpcReply(500, _rpc_error(request.id if request else None, -32603,
                                         "Internal error"), label)
@@ -3041,14 +3043,18 @@ class RequestHandler:
         return 404, f"not found: {url.path[:200]} (agora serves /, /api, /mcp and /a2a)\n".encode(
             "utf-8", "replace"), [("Content-Type", "text/plain; charset=utf-8")]
 
+    @staticmethod
+    def only(method, allowed, refusal):
+        """Refuse METHOD with 405 (and an Allow header) unless it is ALLOWED."""
+        if method != allowed:
+            raise HTTPFailure(405, refusal, headers=[("Allow", allowed)])
+
     def route_api(self, method, url, body):
         """Answer a REST request: GET /api, or one operation at /api/<op>."""
         from urllib.parse import parse_qsl
         self.check_origin()
         if url.path in ("/api", "/api/"):
-            if method != "GET":
-                raise HTTPFailure(405, "GET /api lists the operations",
-                                  headers=[("Allow", "GET")])
+            self.only(method, "GET", "GET /api lists the operations")
             self.log_what = "catalog"
             return 200, json_bytes(catalog_json()), []
         name = url.path[len("/api/"):]
@@ -3073,10 +3079,8 @@ class RequestHandler:
     def route_mcp(self, method, body):
         """Answer one MCP message over Streamable HTTP (stateless: no sessions)."""
         self.log_face = "mcp"
-        if method != "POST":
-            # Decided before any header: there is no server-initiated stream.
-            raise HTTPFailure(405, "POST one JSON-RPC message to /mcp",
-                              headers=[("Allow", "POST")])
+        # Decided before any header: there is no server-initiated stream.
+        self.only(method, "POST", "POST one JSON-RPC message to /mcp")
         self.check_origin()
         reply = mcp_handle(self.server.store, body, self.caller(), self.headers)
         self.log_what = reply.label
@@ -3092,9 +3096,7 @@ class RequestHandler:
     def route_a2a(self, method, body):
         """Answer one A2A JSON-RPC message: the task board as an agent."""
         self.log_face = "a2a"
-        if method != "POST":
-            raise HTTPFailure(405, "POST A2A JSON-RPC messages to /a2a",
-                              headers=[("Allow", "POST")])
+        self.only(method, "POST", "POST A2A JSON-RPC messages to /a2a")
         self.check_origin()
         caller = self.caller()
         if caller.name is None and caller.token is None and self.server.a2a_guest:
@@ -3110,8 +3112,7 @@ class RequestHandler:
     def route_agent_card(self, method):
         """Answer the agent card, with an ETag and caching headers."""
         self.log_face, self.log_what = "a2a", "agent-card"
-        if method != "GET":
-            raise HTTPFailure(405, "GET the agent card", headers=[("Allow", "GET")])
+        self.only(method, "GET", "GET the agent card")
         self.check_origin()
         base = self.server.public_url or "http://" + (
             self.headers.get("Host") or "%s:%s" % self.server.server_address[:2])
@@ -3125,8 +3126,7 @@ class RequestHandler:
     def route_page(self, method):
         """Answer the web page: a client of /api like any other."""
         self.log_face, self.log_what = "web", "page"
-        if method != "GET":
-            raise HTTPFailure(405, "GET the page", headers=[("Allow", "GET")])
+        self.only(method, "GET", "GET the page")
         self.check_origin()
         page, policy = web_page()
         return 200, page, [("Content-Type", "text/html; charset=utf-8"),

@@ -982,14 +982,18 @@ class ProcessRaceTest(StoreCase):
         return subprocess.Popen([sys.executable, "-c", script, self.db, *args], cwd=HERE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
+    def ids_printed_by(self, processes):
+        """Wait for PROCESSES; answer the ids they printed, all together."""
+        ids = []
+        for process in processes:
+            out, err = process.communicate(timeout=60)
+            self.assertEqual(process.returncode, 0, err)
+            ids += [int(x) for x in out.split()]
+        return ids
+
     def test_claims_across_processes_one_winner_per_task(self):
         ids = [self.ok("post_task", title=f"t{i}")["id"] for i in range(60)]
-        workers = [self.spawn(CLAIMER, f"worker{i}") for i in range(4)]
-        won = []
-        for worker in workers:
-            out, err = worker.communicate(timeout=60)
-            self.assertEqual(worker.returncode, 0, err)
-            won += [int(x) for x in out.split()]
+        won = self.ids_printed_by([self.spawn(CLAIMER, f"worker{i}") for i in range(4)])
         self.assertEqual(sorted(won), ids)
 
     def test_inbox_drained_by_several_processes_gets_each_message_once(self):
@@ -999,12 +1003,7 @@ class ProcessRaceTest(StoreCase):
         for i in range(150):
             sent.append(self.ok("post", who=f"w{i % 3}", to="inbox", body=f"m{i}",
                                 now=int(time.time()))["id"])
-        got = []
-        for reader in readers:
-            out, err = reader.communicate(timeout=60)
-            self.assertEqual(reader.returncode, 0, err)
-            got += [int(x) for x in out.split()]
-        self.assertEqual(sorted(got), sent)
+        self.assertEqual(sorted(self.ids_printed_by(readers)), sent)
 
     def test_inbox_drained_by_threads_gets_each_message_once(self):
         self.ok("brief", who="inbox")

@@ -7,28 +7,24 @@ mail, claiming a task, notes and who is here; screenshots at laptop and phone
 sizes land in .interop/. Loopback only; ends with 'N passed, N failed'.
 """
 
-import json
 import os
 import shutil
 import sys
 import tempfile
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, check, mint_token, start_server, stop_server, summary  # noqa: E402
+from harness import ROOT, check, mint_token, rest, start_server, stop_server, summary  # noqa
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = os.path.join(ROOT, ".interop")
 HOSTILE = "<script>window.pwned=1</script><img src=x onerror=\"window.pwned=2\"> bot says hi"
 
 
-def rest(url, op, args, token):
-    """Call one operation as another agent, over REST."""
-    request = urllib.request.Request(f"{url}/api/{op}", data=json.dumps(args).encode(),
-                                     headers={"Content-Type": "application/json",
-                                              "Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)
+def act(url, op, args, token):
+    """Call one operation as another agent, over REST; answer its body."""
+    status, body = rest(url, op, args, token)
+    assert status == 200, body
+    return body
 
 
 def session(page, url, you, bot, problems):
@@ -51,12 +47,12 @@ def session(page, url, you, bot, problems):
     page.fill("#channel-text", "hello from the browser")
     page.click("#channel-form button")
     page.wait_for_selector("#channel-messages li:has-text('hello from the browser')")
-    seen = rest(url, "history", {"channel": "public"}, bot)["messages"]
+    seen = act(url, "history", {"channel": "public"}, bot)["messages"]
     check("posting from the page stores the message as that agent",
           ("you", "hello from the browser") in [(m["sender"], m["body"]) for m in seen])
 
     page.wait_for_timeout(300)                     # the page is now in its long-poll
-    rest(url, "post", {"body": HOSTILE}, bot)
+    act(url, "post", {"body": HOSTILE}, bot)
     page.wait_for_selector("#channel-messages li:has-text('bot says hi')", timeout=15000)
     check("another agent's post arrives without a reload", True)
     check("a message with <script> is shown as text and never run",
@@ -67,10 +63,10 @@ def session(page, url, you, bot, problems):
     page.fill("#channel-text", "a reply from the browser")
     page.click("#channel-form button")
     page.wait_for_selector("#channel-messages li:has-text('a reply from the browser')")
-    last = rest(url, "history", {"channel": "public"}, bot)["messages"][-1]
+    last = act(url, "history", {"channel": "public"}, bot)["messages"][-1]
     check("replying sets reply_to", last["reply_to"] == last["id"] - 1, last)
 
-    rest(url, "post", {"to": "you", "body": "psst, a direct word"}, bot)
+    act(url, "post", {"to": "you", "body": "psst, a direct word"}, bot)
     page.click("nav button[data-tab=direct]")
     page.click("#dm-list button:has-text('bot')")
     page.wait_for_selector("#dm-messages li:has-text('psst, a direct word')")
@@ -78,16 +74,16 @@ def session(page, url, you, bot, problems):
     page.click("#dm-form button")
     page.wait_for_selector("#dm-messages li:has-text('got it')")
     check("direct conversations show both sides and send mail",
-          rest(url, "history", {"channel": "@you"}, bot)["messages"][-1]["body"] == "got it")
+          act(url, "history", {"channel": "@you"}, bot)["messages"][-1]["body"] == "got it")
 
-    task = rest(url, "post_task", {"title": "review the parser", "tags": "review",
+    task = act(url, "post_task", {"title": "review the parser", "tags": "review",
                                    "priority": 3}, bot)["id"]
     page.click("nav button[data-tab=tasks]")
     card = f"#board .column[data-state=open] .task[data-id='{task}']"
     page.wait_for_selector(card)
     page.click(f"{card} button:has-text('Claim')")
     page.wait_for_selector(f"#board .column[data-state=claimed] .task[data-id='{task}']")
-    held = rest(url, "task", {"id": task}, bot)["task"]
+    held = act(url, "task", {"id": task}, bot)["task"]
     check("claiming a task from the board", (held["status"], held["owner"]) == ("claimed", "you"))
     check("the board says what each agent holds", "you 1" in page.inner_text("#holding"))
     page.fill("#task-title", "written on the page")
@@ -95,8 +91,8 @@ def session(page, url, you, bot, problems):
     page.wait_for_selector("#board .column[data-state=open] .task:has-text('written on the page')")
     check("posting a task from the page", True)
 
-    rest(url, "write_note", {"key": "design/api", "body": "first words"}, bot)
-    rest(url, "write_note", {"key": "design/api", "body": "second words"}, bot)
+    act(url, "write_note", {"key": "design/api", "body": "first words"}, bot)
+    act(url, "write_note", {"key": "design/api", "body": "second words"}, bot)
     page.click("nav button[data-tab=notes]")
     page.click("#note-list button:has-text('design/api')")
     page.wait_for_selector("#note-body:has-text('second words')")
@@ -104,14 +100,14 @@ def session(page, url, you, bot, problems):
     page.wait_for_selector("#note-body:has-text('first words')")
     check("notes show with their revisions", True)
 
-    rest(url, "brief", {"status": "reviewing the parser"}, bot)
+    act(url, "brief", {"status": "reviewing the parser"}, bot)
     page.click("nav button[data-tab=agents]")
     page.wait_for_selector("#agent-list li:has-text('reviewing the parser')")
     check("who is here, with status and last seen",
           "seen" in page.inner_text("#agent-list li:has-text('bot')"))
 
     page.click("nav button[data-tab=channels]")
-    rest(url, "post", {"body": "a very long line " + "x" * 600}, bot)
+    act(url, "post", {"body": "a very long line " + "x" * 600}, bot)
     page.wait_for_selector("#channel-messages li:has-text('a very long line')")
     overflow = page.evaluate("document.documentElement.scrollWidth > window.innerWidth")
     check("a long message does not break the layout", not overflow)

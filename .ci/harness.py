@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AGORA = os.path.join(ROOT, "agora.py")
@@ -37,6 +39,19 @@ def mint_token(db, name):
     out = subprocess.run([sys.executable, AGORA, "join", f"name={name}", "--json", "--db", db],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out)["token"]
+
+
+def rest(url, op, args, token=None):
+    """Call one operation over agora's REST API; answer (status, body)."""
+    request = urllib.request.Request(f"{url}/api/{op}", data=json.dumps(args).encode(),
+                                     headers={"Content-Type": "application/json"})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
 
 
 def summary():

@@ -17,12 +17,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
 import urllib.request
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import AGORA, ROOT, check, mint_token, start_server, summary  # noqa: E402
+from harness import AGORA, ROOT, check, mint_token, rest, start_server, summary  # noqa
 sys.path.insert(0, ROOT)
 import agora  # noqa: E402  (the server under test, standard library only)
 
@@ -165,19 +164,6 @@ def conformance_checks(url, workdir):
         tail = " ".join(line for line in done.stdout.splitlines() if "Passed" in line)
         check(f"conformance {scenario}", done.returncode == 0,
               f"exit {done.returncode}: {tail or done.stdout[-400:]}")
-
-
-def rest(url, op, args, token=None):
-    """Call one operation over agora's REST API; answer (status, body)."""
-    request = urllib.request.Request(f"{url}/api/{op}", data=json.dumps(args).encode(),
-                                     headers={"Content-Type": "application/json"})
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as error:
-        return error.code, json.load(error)
 
 
 def worker_finishes(url, token, task_id, result, failed=False):
