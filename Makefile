@@ -28,13 +28,15 @@ clean:
 # Real third-party clients against a real server: the official MCP Python SDK,
 # the MCP Inspector CLI, the MCP conformance suite, the A2A SDK and the A2A test
 # kit. They live in .interop/ (git-ignored, throwaway); agora.py never depends on
-# them. The A2A test kit is published on neither PyPI nor npm: A2A_TCK_GIT names
-# a git copy of a2aproject/a2a-tck (branch 1.0-dev is used); without one the kit
-# is left out and the run says so.
+# them. The A2A test kit (a2aproject/a2a-tck, branch 1.0-dev) is published on
+# neither PyPI nor npm: A2A_TCK names a copy of it, a .tar.gz made by
+# `git archive --prefix=a2a-tck/` or a checked-out folder, by default the one kept
+# in shared/kits beside this checkout; without one the kit is left out and the
+# run says so.
 INTEROP = .interop
 NODE22 = 22.23.5
 NPM_FLAGS = --no-audit --no-fund --no-update-notifier --loglevel=error
-A2A_TCK_GIT ?= $(wildcard /work/.mirror/a2aproject+a2a-tck/repo)
+A2A_TCK ?= $(wildcard ../shared/kits/a2a-tck-1.0-dev.tar.gz)
 
 .PHONY: interop
 interop: $(INTEROP)/ready
@@ -45,9 +47,9 @@ $(INTEROP)/ready: Makefile
 	$(PYTHON) -m venv $(INTEROP)/venv
 	$(INTEROP)/venv/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0 \
 	    a2a-sdk==1.3.0 httpx playwright==1.65.2
-	if [ -n "$(A2A_TCK_GIT)" ]; then \
-	    mkdir -p $(INTEROP)/a2a-tck && \
-	    git --git-dir="$(A2A_TCK_GIT)" archive 1.0-dev | tar -x -C $(INTEROP)/a2a-tck && \
+	if [ -d "$(A2A_TCK)" ]; then cp -R "$(A2A_TCK)" $(INTEROP)/a2a-tck; \
+	elif [ -f "$(A2A_TCK)" ]; then tar -xzf "$(A2A_TCK)" -C $(INTEROP); fi
+	if [ -d $(INTEROP)/a2a-tck ]; then \
 	    $(PYTHON) -m venv $(INTEROP)/tck-venv && \
 	    $(INTEROP)/tck-venv/bin/pip install --quiet --disable-pip-version-check \
 	        -e $(INTEROP)/a2a-tck; fi
@@ -62,7 +64,7 @@ $(INTEROP)/ready: Makefile
 	    @modelcontextprotocol/inspector@2.12.0 @modelcontextprotocol/conformance@0.1.16
 	touch $@
 
-# Speed and memory against floors measured in the same run (SPEC section 9).
+# Speed and memory against floors measured in the same run.
 # Not part of test or CI: it takes a minute and wants a quiet machine.
 .PHONY: bench
 bench:

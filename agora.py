@@ -39,7 +39,8 @@ __version__ = "0.1.0"
 DEFAULT_PORT = 8820
 MAX_REQUEST_BODY = 1024 * 1024
 MAX_JSON_DEPTH = 32
-DEDUP_SECONDS = 10
+DEDUP_SECONDS = 10          # an identical post within this many seconds is a retry
+MAX_WAIT = 60               # seconds one long-poll (read wait=...) may block
 SEEN_THROTTLE = 10          # seconds between two writes of an agent's "seen"
 WAIT_POLL = 0.05            # how often a long-poll looks for another process's post
 SYSTEM_SENDER = "agora"     # the board's own voice; nobody can join as it
@@ -51,6 +52,7 @@ SLUG = r"^[a-z0-9._-]{1,48}$"
 CHANNEL_OR_MAILBOX = r"^@?[a-z0-9._-]{1,48}$"
 NOTE_KEY = r"^(?=.{1,48}$)(?!(.*/)?\.\.?(/|$))[a-z0-9._-]+(/[a-z0-9._-]+)*$"
 PROJECT = r"^([a-z0-9._-]{1,48})?$"
+A2A_PAGE_TOKEN = r"^([0-9]{1,18}\.[0-9]{1,18})?$"
 
 # The rule a pattern stands for, as a person would say it in an error.
 PATTERN_RULES = {
@@ -60,9 +62,10 @@ PATTERN_RULES = {
     NOTE_KEY: "1-48 characters of a-z 0-9 . _ - in parts separated by single '/' "
               "(no '.' or '..' parts)",
     PROJECT: '"" or 1-48 characters of a-z 0-9 . _ -',
+    A2A_PAGE_TOKEN: "a page token this server gave",
 }
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 NEWEST_MESSAGE = "SELECT coalesce(max(id), 0) FROM messages"
 
 SCHEMA = """
@@ -206,6 +209,12 @@ WHEN substr(new.channel, 1, 1) != '@' BEGIN
     ON CONFLICT (agent, channel) DO UPDATE SET following = 1;
 END;
 """,
+    # What put an open task back on the board, recorded when it happens rather
+    # than guessed from timestamps later. (An expired lease needs no record: the
+    # lease itself says so.)
+    3: """
+ALTER TABLE tasks ADD COLUMN reopened TEXT;
+""",
 }
 
 ###############################################################################
@@ -214,7 +223,12 @@ END;
 
 
 class AgoraError(Exception):
-    """A refusal an agent can read and act on: a status, a sentence, a hint."""
+    """A refusal an agent can read and act on: a sentence, a hint, extra fields.
+
+    Handlers raise it and every face catches it, then maps the class to its own
+    wire form in one place: REST uses ``status``, MCP ``isError`` (or HTTP 401),
+    A2A a JSON-RPC code, the CLI exit status 1.
+    """
 
     status = 500
 
@@ -223,6 +237,19 @@ class AgoraError(Exception):
         self.message = message
         self.hint = hint
         self.fields = fields
+
+    @property
+    def body(self):
+        """Answer the JSON body of the refusal: ``{error, hint?, ...fields}``."""
+        body = dict(self.fields, error=self.message)
+        if self.hint:
+            body["hint"] = self.hint
+        return body
+
+    @property
+    def text(self):
+        """Answer the refusal as one line for a model or a person."""
+        return self.message + (f" — {self.hint}" if self.hint else "")
 
 
 class BadRequest(AgoraError):
@@ -252,6 +279,11 @@ class Conflict(AgoraError):
 
 class StoreError(AgoraError):
     """The database file cannot be used."""
+    status = 500
+
+
+class InternalError(AgoraError):
+    """A bug in agora: the traceback went to the log, the caller gets a sentence."""
     status = 500
 
 
@@ -328,11 +360,110 @@ def hash_token(token):
 
 
 class _Batch:
-    """Write blocks sharing one open transaction until it is committed."""
+    """One open write transaction and the blocks that have written into it."""
 
     def __init__(self, con):
-        self.con, self.size, self.error = con, 0, None
-        self.done = threading.Event()
+        self.con, self.blocks, self.error = con, 0, None
+        self.committed = threading.Event()
+
+
+class GroupCommit:
+    """The write blocks of one process, sharing transactions and their commits.
+
+    Invariant: the thread that holds ``lock`` owns the open transaction (``batch``,
+    None when none is open) and nobody else touches it. Every block runs in its
+    own savepoint, so a block that fails is undone alone and the others' writes
+    stand. When a block ends and other writers are queued (and the batch is not
+    full), its thread hands the lock on with the transaction still open;
+    otherwise it commits. A writer returns only once the commit that holds its
+    block is done, so an answered write is on disk and one fsync serves many
+    writers; when that commit fails (or SQLite aborted the transaction itself),
+    every block of the batch gets the error. A block opened inside a block of
+    the same thread is a savepoint of the same transaction.
+    """
+
+    def __init__(self, acquire, release, committed):
+        self.acquire, self.release, self.on_commit = acquire, release, committed
+        self.lock = threading.Lock()
+        self.queue_lock = threading.Lock()
+        self.queued = 0             # writers waiting for the lock
+        self.batch = None
+        self.owner = None           # the thread that holds the lock
+
+    def connection(self):
+        """Answer the open transaction's connection if this thread owns it, else None."""
+        return self.batch.con if self.owner == threading.get_ident() else None
+
+    @contextlib.contextmanager
+    def block(self):
+        """Yield the connection of the open transaction, inside a savepoint of its own."""
+        if self.owner == threading.get_ident():
+            yield from self._savepoint(self.batch)
+            return
+        with self.queue_lock:
+            self.queued += 1
+        self.lock.acquire()
+        try:
+            with self.queue_lock:
+                self.queued -= 1
+            batch = self.batch or self._begin()
+            self.owner = threading.get_ident()
+            try:
+                yield from self._savepoint(batch)
+            finally:
+                self.owner = None
+                self._end_turn(batch)
+        finally:
+            self.lock.release()
+        batch.committed.wait()
+        if batch.error is not None:
+            raise StoreError(f"the write was not saved: {batch.error}") from batch.error
+
+    def _begin(self):
+        con = self.acquire()
+        try:
+            con.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self.release(con)
+            raise
+        self.batch = _Batch(con)
+        return self.batch
+
+    @staticmethod
+    def _savepoint(batch):
+        """Run one block in a savepoint: the one place a block's writes are undone."""
+        batch.blocks += 1
+        batch.con.execute("SAVEPOINT block")
+        try:
+            yield batch.con
+            batch.con.execute("RELEASE block")
+        except BaseException:
+            try:
+                batch.con.execute("ROLLBACK TO block")
+                batch.con.execute("RELEASE block")
+            except sqlite3.Error as error:
+                batch.error = error         # SQLite undid the whole transaction itself
+            raise
+
+    def _end_turn(self, batch):
+        """Hand the open transaction to a queued writer, or commit it (lock held)."""
+        with self.queue_lock:
+            queued = self.queued
+        if queued and batch.blocks < GROUP_COMMIT_MAX and batch.error is None:
+            return
+        self.batch = None
+        try:
+            if batch.error is None:
+                batch.con.execute("COMMIT")
+        except sqlite3.Error as error:
+            batch.error = error
+        finally:
+            if batch.con.in_transaction:        # a failed batch: none of it stays
+                with contextlib.suppress(sqlite3.Error):
+                    batch.con.execute("ROLLBACK")
+            self.release(batch.con)
+            batch.committed.set()
+            self.on_commit()
 
 
 class Store:
@@ -348,13 +479,10 @@ class Store:
         self._pool = []
         self._pool_lock = threading.Lock()
         self._changed = threading.Condition()
+        self._generation = 0
         # Writers of this process queue here: SQLite's busy handler would make
         # them sleep for milliseconds whenever another thread holds the lock.
-        self._write_lock = threading.Lock()
-        self._queue_lock = threading.Lock()
-        self._queued = 0
-        self._batch = None
-        self._generation = 0
+        self.writes = GroupCommit(self._acquire, self._release, self._signal)
         self._seen_written = {}
         self._closed = False
         con = self._connect()
@@ -439,19 +567,26 @@ class Store:
                 return
         con.close()
 
+    def _signal(self):
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+
     @contextlib.contextmanager
     def transaction(self, write=False):
         """Yield a connection inside one transaction; an IMMEDIATE one when WRITE.
 
-        Writes are group-committed: when other writers of this process are
-        waiting, the open transaction passes to the next one (each block in its
-        own savepoint, so a block that fails is undone alone), and the last one
-        commits. Every block returns only after that commit: an answered write
-        is on disk, and one fsync serves many writers.
+        Writes are group-committed (GroupCommit): the block returns once its
+        write is on disk. Inside a write block, any transaction of the same
+        thread joins it.
         """
         if write:
-            with self._write_block() as con:
+            with self.writes.block() as con:
                 yield con
+            return
+        con = self.writes.connection()
+        if con is not None:
+            yield con
             return
         con = self._acquire()
         try:
@@ -464,94 +599,12 @@ class Store:
             self._release(con)
 
     @contextlib.contextmanager
-    def _write_block(self):
-        with self._queue_lock:
-            self._queued += 1
-        self._write_lock.acquire()
-        with self._queue_lock:
-            self._queued -= 1
-        batch = self._batch
-        if batch is None:
-            yield from self._open_batch()
-            return
-        batch.con.execute("SAVEPOINT block")
-        try:
-            yield batch.con
-        except BaseException:
-            try:
-                batch.con.execute("ROLLBACK TO block")
-                batch.con.execute("RELEASE block")
-            except sqlite3.Error as error:
-                batch.error = error         # SQLite undid the whole transaction itself
-            self._end_turn(batch)
-            raise
-        batch.con.execute("RELEASE block")
-        self._end_turn(batch)
-        self._await_commit(batch)
-
-    def _open_batch(self):
-        """Run the first block of a new batch: alone in its transaction, so no savepoint."""
-        try:
-            con = self._acquire()
-        except BaseException:
-            self._write_lock.release()
-            raise
-        try:
-            con.execute("BEGIN IMMEDIATE")
-        except BaseException:
-            self._release(con)
-            self._write_lock.release()
-            raise
-        batch = self._batch = _Batch(con)
-        try:
-            yield con
-        except BaseException:
-            self._batch = None
-            try:
-                if con.in_transaction:
-                    con.execute("ROLLBACK")
-            finally:
-                self._release(con)
-                self._write_lock.release()
-            raise
-        self._end_turn(batch)
-        self._await_commit(batch)
-
-    @staticmethod
-    def _await_commit(batch):
-        batch.done.wait()
-        if batch.error is not None:
-            raise StoreError(f"the write was not saved: {batch.error}") from batch.error
-
-    def _end_turn(self, batch):
-        """Pass the open transaction to a waiting writer, or commit it."""
-        batch.size += 1
-        with self._queue_lock:
-            waiting = self._queued
-        if waiting and batch.size < GROUP_COMMIT_MAX and batch.error is None:
-            self._write_lock.release()
-            return
-        self._batch = None
-        try:
-            if batch.error is None:
-                batch.con.execute("COMMIT")
-            elif batch.con.in_transaction:
-                batch.con.execute("ROLLBACK")
-        except BaseException as error:
-            batch.error = error
-            if batch.con.in_transaction:
-                batch.con.execute("ROLLBACK")
-        finally:
-            self._release(batch.con)
-            self._write_lock.release()
-            batch.done.set()
-            with self._changed:
-                self._generation += 1
-                self._changed.notify_all()
-
-    @contextlib.contextmanager
-    def reading(self):
+    def autocommit(self):
         """Yield a connection outside any transaction: each statement reads on its own."""
+        con = self.writes.connection()
+        if con is not None:
+            yield con
+            return
         con = self._acquire()
         try:
             yield con
@@ -560,7 +613,7 @@ class Store:
 
     def query_one(self, sql, params=()):
         """Answer the first row of one read-only statement."""
-        with self.reading() as con:
+        with self.autocommit() as con:
             return con.execute(sql, params).fetchone()
 
     def last_message_id(self):
@@ -614,8 +667,13 @@ class Store:
 # Operation catalog and handlers ##############################################
 ###############################################################################
 
-Caller = namedtuple("Caller", "name local token", defaults=(None, False, None))
-Caller.__doc__ = """Who is calling: a local identity (CLI, stdio) or a bearer token (HTTP)."""
+Caller = namedtuple("Caller", "name asserted token", defaults=(None, False, None))
+Caller.__doc__ = """Who is calling: NAME, and how we know.
+
+ASSERTED: the name was asserted by whoever started this process (the CLI's
+--as, stdio, the A2A guest): the file is the trust boundary. Otherwise the
+caller is whoever holds TOKEN (None: no token was sent).
+"""
 
 Result = namedtuple("Result", "status body text")
 Result.__doc__ = """An operation's answer: an HTTP-ish status, a JSON body, a compact text."""
@@ -630,6 +688,11 @@ class Operation(namedtuple("Operation", "name summary schema readonly open handl
     def required(self):
         """Answer the names of the arguments that must be given."""
         return self.schema.get("required", [])
+
+    @property
+    def methods(self):
+        """Answer the HTTP methods /api/<op> takes: GET too for read-only operations."""
+        return ("GET", "POST") if self.readonly else ("POST",)
 
     def usage(self):
         """Answer the arguments as a short synopsis: ``body channel? to?``."""
@@ -722,14 +785,24 @@ def _message_line(message, now):
             f"{age(now - message['ts'])}{reply}{read}: {body}")
 
 
-def _task(row, now):
-    """Answer a task record; a claimed task whose lease ran out shows as open."""
-    task = {key: row[key] for key in ("id", "title", "body", "poster", "status", "owner",
+# The board's one rule of time: a claimed task whose lease ran out counts as
+# open. Every query and record of a task says it through TASK_STATE.
+TASK_STATE = ("(CASE WHEN status = 'claimed' AND lease_until <= :now THEN 'open' "
+              "ELSE status END)")
+TASK_ROWS = f"SELECT *, {TASK_STATE} AS state FROM tasks"
+OPEN_TASK = f"status IN ('open', 'claimed') AND {TASK_STATE} = 'open'"
+HELD_TASK = f"status = 'claimed' AND {TASK_STATE} = 'claimed'"
+
+
+def _task(row):
+    """Answer the task record of a TASK_ROWS row, in its state as of the query."""
+    task = {key: row[key] for key in ("id", "title", "body", "poster", "owner",
                                       "lease_until", "result", "priority", "created",
                                       "updated")}
+    task["status"] = row["state"]
     task["tags"] = row["tags"].split(",") if row["tags"] else []
-    if task["status"] == "claimed" and task["lease_until"] <= now:
-        task.update(status="open", owner=None, lease_until=None)
+    if row["state"] != row["status"]:
+        task.update(owner=None, lease_until=None)
     return task
 
 
@@ -771,14 +844,10 @@ def _note_line(note, now, size=None):
 
 
 def _visible_sql(alias=""):
-    """SQL that keeps the messages the caller (:me, :mailbox) may see."""
+    """SQL that keeps the messages the caller (:me, :mailbox) may see: any channel's,
+    and of mailboxes only the caller's own and what the caller sent."""
     return (f"(substr({alias}channel, 1, 1) != '@' OR {alias}channel = :mailbox "
             f"OR {alias}sender = :me)")
-
-
-def _may_see(row, me):
-    return (not row["channel"].startswith("@") or row["channel"] == mailbox(me)
-            or row["sender"] == me)
 
 
 def _newest_id(db):
@@ -834,10 +903,6 @@ def _unread(db, me):
     return {channel: count for channel, count in rows if count}
 
 
-# A task that is open, or whose lease ran out: claimable again.
-OPEN_TASK = "(status = 'open' OR (status = 'claimed' AND lease_until <= :now))"
-
-
 # Agents -----------------------------------------------------------------------
 
 @operation("join", "Register an agent and answer its bearer token, shown once. "
@@ -853,7 +918,7 @@ def op_join(store, caller, args, now):
     if name == SYSTEM_SENDER:
         raise Forbidden(f"{SYSTEM_SENDER} is reserved for the board's own messages",
                         hint="pick another name")
-    remote_newcomer = not caller.local and caller.name != name
+    remote_newcomer = not caller.asserted and caller.name != name
     if remote_newcomer and store.join_key is not None and not hmac.compare_digest(
             (args["key"] or "").encode(), store.join_key.encode()):
         raise Forbidden("this agora needs its join key, and key is missing or wrong",
@@ -888,13 +953,13 @@ def op_brief(store, caller, args, now):
                            (me,)).fetchone()
         db.execute("UPDATE agents SET briefed = ? WHERE name = ?", (now, me))
         unread = _unread(db, me)
-        held = [_task(row, now) for row in db.execute(
-            "SELECT * FROM tasks WHERE owner = ? AND status = 'claimed' AND lease_until > ? "
-            "ORDER BY lease_until", (me, now))]
+        held = [_task(row) for row in db.execute(
+            f"{TASK_ROWS} WHERE owner = :me AND {HELD_TASK} ORDER BY lease_until",
+            {"me": me, "now": now})]
         open_count = db.execute(f"SELECT count(*) FROM tasks WHERE {OPEN_TASK}",
                                 {"now": now}).fetchone()[0]
-        top = [_task(row, now) for row in db.execute(
-            f"SELECT * FROM tasks WHERE {OPEN_TASK} ORDER BY priority DESC, id LIMIT :top",
+        top = [_task(row) for row in db.execute(
+            f"{TASK_ROWS} WHERE {OPEN_TASK} ORDER BY priority DESC, id LIMIT :top",
             {"now": now, "top": TOP_OPEN_TASKS})]
         changed = [_note(row, with_body=False) for row in db.execute(
             "SELECT * FROM notes WHERE updated > ? AND author != ? "
@@ -908,7 +973,7 @@ def op_brief(store, caller, args, now):
     elif open_count:
         hint = f"claim id={top[0]['id']} (or plain claim) to take the top task"
     else:
-        hint = "all quiet: read wait=60 waits for mail"
+        hint = f"all quiet: read wait={MAX_WAIT} waits for mail"
     lines = [f"{me}: {agent['status']}" if agent["status"]
              else f"{me} (no status; brief status=... sets one)"]
     if total:
@@ -1033,8 +1098,9 @@ def op_unfollow(store, caller, args, now):
 
 
 def _visible_message(db, message_id, me):
-    row = db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
-    if row is None or not _may_see(row, me):
+    row = db.execute(f"SELECT * FROM messages WHERE id = :id AND {_visible_sql()}",
+                     {"id": message_id, "me": me, "mailbox": mailbox(me)}).fetchone()
+    if row is None:
         raise NotFound(f"no message #{message_id}")
     return row
 
@@ -1045,7 +1111,7 @@ SAME_POST = ("sender = :sender AND digest = :digest AND ts >= :since AND channel
 
 
 @operation("post", "Post to a channel (default public), or send direct mail with to=AGENT. "
-           "An identical post within 10 s is not stored twice.",
+           f"An identical post within {DEDUP_SECONDS} s is not stored twice.",
            {"body": MESSAGE_BODY,
             "channel": _string(description="default public; @agent is direct mail",
                                pattern=CHANNEL_OR_MAILBOX),
@@ -1061,7 +1127,7 @@ def op_post(store, caller, args, now):
         to = channel[1:]
     # Agents, channels and messages are never deleted, so these checks need not
     # hold the write lock: what exists now still exists at the insert.
-    with store.reading() as db:
+    with store.autocommit() as db:
         if to is not None:
             if not _agent_exists(db, to):
                 raise NotFound(f"no agent {to}", hint="agents lists who is here")
@@ -1113,7 +1179,7 @@ def _deliver(db, me, limit):
 @operation("read", "Deliver your new messages (mailbox and followed channels), oldest "
            "first, each exactly once. With wait, block until something arrives.",
            {"limit": LIMIT,
-            "wait": _integer(0, 60, "seconds to wait when nothing is new", default=0)})
+            "wait": _integer(0, MAX_WAIT, "seconds to wait when nothing is new", default=0)})
 def op_read(store, caller, args, now):
     """Deliver unread messages, waiting up to WAIT seconds for the first one."""
     deadline = time.monotonic() + args["wait"]
@@ -1130,7 +1196,7 @@ def op_read(store, caller, args, now):
         lines.append(f"({remaining} more waiting: read again)")
     if not messages:
         lines.append(f"nothing new after waiting {args['wait']}s" if args["wait"]
-                     else "nothing new (read wait=60 waits for mail)")
+                     else f"nothing new (read wait={MAX_WAIT} waits for mail)")
     return Result(200, {"messages": messages, "remaining": remaining}, "\n".join(lines))
 
 
@@ -1310,7 +1376,7 @@ def op_search(store, caller, args, now):
 
 TASK_LISTS = {
     "open": (OPEN_TASK, "priority DESC, id"),
-    "mine": ("status = 'claimed' AND owner = :me AND lease_until > :now", "id DESC"),
+    "mine": (f"owner = :me AND {HELD_TASK}", "id DESC"),
     "posted": ("poster = :me AND status IN ('open', 'claimed')", "id DESC"),
     "done": ("status IN ('done', 'failed')", "updated DESC, id DESC"),
     "all": ("1", "id DESC"),
@@ -1346,15 +1412,15 @@ def op_tasks(store, caller, args, now):
     if args["tag"] is not None:
         where += " AND id IN (SELECT task_id FROM task_tags WHERE tag = :tag)"
     with store.transaction() as db:
-        tasks = [_task(row, now) for row in db.execute(
-            f"SELECT * FROM tasks WHERE {where} ORDER BY {order} LIMIT :limit",
+        tasks = [_task(row) for row in db.execute(
+            f"{TASK_ROWS} WHERE {where} ORDER BY {order} LIMIT :limit",
             {"now": now, "me": caller.name, "tag": args["tag"], "limit": args["limit"]})]
     text = "\n".join(_task_line(task, now) for task in tasks)
     return Result(200, {"tasks": tasks}, text or f"no {args['which']} tasks")
 
 
-def _find_task(db, task_id):
-    row = db.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
+def _find_task(db, task_id, now):
+    row = db.execute(f"{TASK_ROWS} WHERE id = :id", {"id": task_id, "now": now}).fetchone()
     if row is None:
         raise NotFound(f"no task #{task_id}", hint="tasks lists them")
     return row
@@ -1364,7 +1430,7 @@ def _find_task(db, task_id):
 def op_task(store, caller, args, now):
     """Show one task with its body and result."""
     with store.transaction() as db:
-        task = _task(_find_task(db, args["id"]), now)
+        task = _task(_find_task(db, args["id"], now))
     lines = [_task_line(task, now)]
     if task["body"]:
         lines.append(task["body"])
@@ -1387,7 +1453,7 @@ def op_claim(store, caller, args, now):
         raise BadRequest("give id or tag, not both")
     with store.transaction(write=True) as db:
         if args["id"] is not None:
-            task = _task(_find_task(db, args["id"]), now)
+            task = _task(_find_task(db, args["id"], now))
             if task["status"] == "claimed":
                 left = age(task["lease_until"] - now)
                 if task["owner"] == me:
@@ -1401,16 +1467,17 @@ def op_claim(store, caller, args, now):
         else:
             tagged = ("AND id IN (SELECT task_id FROM task_tags WHERE tag = :tag) "
                       if args["tag"] is not None else "")
-            row = db.execute(f"SELECT * FROM tasks WHERE {OPEN_TASK} {tagged}"
+            row = db.execute(f"{TASK_ROWS} WHERE {OPEN_TASK} {tagged}"
                              "ORDER BY priority DESC, id LIMIT 1",
                              {"now": now, "tag": args["tag"]}).fetchone()
             if row is None:
                 tagged = f" tagged {args['tag']}" if args["tag"] is not None else ""
                 raise NotFound(f"no open task{tagged}", hint="post_task adds one")
-            task = _task(row, now)
+            task = _task(row)
         lease_until = now + args["lease"]
         db.execute("UPDATE tasks SET status = 'claimed', owner = ?, lease_until = ?, "
-                   "updated = ? WHERE id = ?", (me, lease_until, now, task["id"]))
+                   "updated = ?, reopened = NULL WHERE id = ?",
+                   (me, lease_until, now, task["id"]))
         task.update(status="claimed", owner=me, lease_until=lease_until, updated=now)
         if task["poster"] != me:
             _tell(db, task["poster"], f"{me} claimed your task {_quote(task)}", now)
@@ -1422,12 +1489,12 @@ def op_claim(store, caller, args, now):
 
 def _held_task(db, task_id, me, now):
     """Answer the task row ME holds (its lease may have run out if nobody took it)."""
-    row = _find_task(db, task_id)
+    row = _find_task(db, task_id, now)
     if row["status"] != "claimed":
         raise Conflict(f"task #{task_id} is {row['status']}",
                        hint=f"claim id={task_id} first" if row["status"] == "open" else None)
     if row["owner"] != me:
-        raise Forbidden(f"task #{task_id} is not yours: {_task(row, now)['owner'] or 'nobody'}"
+        raise Forbidden(f"task #{task_id} is not yours: {_task(row)['owner'] or 'nobody'}"
                         " holds it")
     return row
 
@@ -1440,7 +1507,7 @@ def op_extend(store, caller, args, now):
         _held_task(db, args["id"], caller.name, now)
         db.execute("UPDATE tasks SET lease_until = ?, updated = ? WHERE id = ?",
                    (now + args["lease"], now, args["id"]))
-        task = _task(_find_task(db, args["id"]), now)
+        task = _task(_find_task(db, args["id"], now))
     return Result(200, {"task": task}, f"extended {_task_line(task, now)}")
 
 
@@ -1456,7 +1523,7 @@ def op_done(store, caller, args, now):
         _held_task(db, args["id"], me, now)
         db.execute("UPDATE tasks SET status = ?, result = ?, lease_until = NULL, "
                    "updated = ? WHERE id = ?", (state, args["result"] or "", now, args["id"]))
-        task = _task(_find_task(db, args["id"]), now)
+        task = _task(_find_task(db, args["id"], now))
         if task["poster"] != me:
             result = f": {clip(task['result'], 200)}" if task["result"] else ""
             _tell(db, task["poster"], f"{me} finished your task {_quote(task)} as "
@@ -1472,8 +1539,8 @@ def op_release(store, caller, args, now):
     with store.transaction(write=True) as db:
         _held_task(db, args["id"], me, now)
         db.execute("UPDATE tasks SET status = 'open', owner = NULL, lease_until = NULL, "
-                   "updated = ? WHERE id = ?", (now, args["id"]))
-        task = _task(_find_task(db, args["id"]), now)
+                   "updated = ?, reopened = 'released' WHERE id = ?", (now, args["id"]))
+        task = _task(_find_task(db, args["id"], now))
         if task["poster"] != me:
             note = f": {args['note']}" if args["note"] else ""
             _tell(db, task["poster"], f"{me} released your task {_quote(task)}{note}", now)
@@ -1486,14 +1553,14 @@ def op_cancel(store, caller, args, now):
     """Cancel the caller's own unfinished task and tell its holder."""
     me = caller.name
     with store.transaction(write=True) as db:
-        row = _find_task(db, args["id"])
+        row = _find_task(db, args["id"], now)
         if row["poster"] != me:
             raise Forbidden(f"only its poster, {row['poster']}, can cancel task #{row['id']}")
         if row["status"] not in ("open", "claimed"):
             raise Conflict(f"task #{row['id']} is already {row['status']}")
         db.execute("UPDATE tasks SET status = 'cancelled', lease_until = NULL, updated = ? "
                    "WHERE id = ?", (now, row["id"]))
-        task = _task(_find_task(db, row["id"]), now)
+        task = _task(_find_task(db, row["id"], now))
         if row["status"] == "claimed" and row["owner"] != me:
             _tell(db, row["owner"], f"{me} cancelled task {_quote(task)} that you hold", now)
     return Result(200, {"task": task}, _task_line(task, now))
@@ -1633,6 +1700,10 @@ def _check_value(name, rule, value):
         if not isinstance(value, bool):
             raise BadRequest(f"{name} must be true or false")
         return value
+    if kind == "object":
+        if not isinstance(value, dict):
+            raise BadRequest(f"{name} must be an object")
+        return value
     if kind == "array":
         if isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
@@ -1696,26 +1767,23 @@ def ensure_local_agent(store, name, now):
                 _create_agent(db, name, now)
 
 
-def identify(store, op, caller, now):
-    """Answer the caller with its agent name resolved, or raise Unauthorized.
+def check_identity(store, op, caller, now):
+    """Refuse a caller OP needs to know and does not; create an asserted name's agent.
 
-    A local caller (CLI, stdio) is trusted as the name it gives, created on
-    first use: the file is the trust boundary. A remote caller arrives with its
-    token already looked up (bearer_caller); a token nobody holds is refused.
+    An asserted name (CLI, stdio) is trusted and its agent created on first use:
+    the file is the trust boundary. A remote caller arrives with its token
+    already looked up (bearer_caller); a token nobody holds is refused.
     """
-    if caller.local:
-        if caller.name is None:
-            if op.open:
-                return caller
+    if caller.asserted:
+        if caller.name is not None:
+            ensure_local_agent(store, caller.name, now)
+        elif not op.open:
             raise Unauthorized(f"{op.name} needs an identity", hint="pass --as NAME")
-        ensure_local_agent(store, caller.name, now)
-        return caller
-    if caller.name is None and not op.open:
+    elif caller.name is None and not op.open:
         if caller.token:
             raise Unauthorized("unknown token", hint="join again, or ask for a new token")
         raise Unauthorized(f"{op.name} needs a bearer token",
                            hint="call join name=... and send 'Authorization: Bearer <token>'")
-    return caller
 
 
 def bearer_caller(store, authorization):
@@ -1725,16 +1793,6 @@ def bearer_caller(store, authorization):
     if not token:
         return Caller(None, False, None)
     return Caller(store.agent_for_token(token), False, token)
-
-
-def error_result(error):
-    """Answer the Result that carries an AgoraError to any face."""
-    body = dict(error.fields, error=error.message)
-    text = error.message
-    if error.hint:
-        body["hint"] = error.hint
-        text += f" — {error.hint}"
-    return Result(error.status, body, text)
 
 
 # What SQLite says when the file itself is at fault, not agora: told plainly.
@@ -1760,50 +1818,41 @@ def file_problem(store, error):
     return None
 
 
-def call(store, name, args=None, caller=Caller(local=True), now=None):
-    """Run operation NAME for CALLER and answer its Result; refusals are Results too.
+# Whoever runs agora on its file without naming an agent: it may only join.
+OPERATOR = Caller(None, True)
 
-    This is the one entrance every face uses: it finds the operation, resolves
+
+def call(store, name, args=None, caller=OPERATOR, now=None):
+    """Run operation NAME for CALLER and answer its Result; a refusal raises AgoraError.
+
+    This is the one entrance every face uses: it finds the operation, checks
     the caller, validates the arguments from the schema and runs the handler.
-    An unexpected exception becomes a 500 with its traceback on stderr.
+    An unexpected exception becomes an InternalError, its traceback on stderr.
     """
     now = int(time.time()) if now is None else now
     try:
         op = CATALOG.get(name)
         if op is None:
             raise NotFound(f"no operation {name!r:.60}", hint="ops lists them")
-        caller = identify(store, op, caller, now)
+        check_identity(store, op, caller, now)
         args = validate(op, {} if args is None else args)
         if caller.name is not None:
             store.touch(caller.name, now)
         return op.handler(store, caller, args, now)
-    except AgoraError as error:
-        return error_result(error)
+    except AgoraError:
+        raise
     except Exception as error:
         problem = file_problem(store, error)
         if problem is not None:
-            return error_result(problem)
+            raise problem from None
         import traceback        # only ever needed to report a bug
         traceback.print_exc(file=sys.stderr)
-        return Result(500, {"error": f"internal error in {name}; the server log has details"},
-                      f"internal error in {name}; the server log has details")
+        raise InternalError(f"internal error in {name}; the server log has details") from None
 
 
 ###############################################################################
-# MCP: the catalog as tools, over JSON-RPC ####################################
+# JSON-RPC: the envelope MCP and A2A share ####################################
 ###############################################################################
-
-# Revisions that open with an initialize handshake; the first is the newest.
-MCP_HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
-# The stateless revision: no handshake, every request names its version in _meta.
-MCP_STATELESS_VERSION = "2026-07-28"
-MCP_VERSIONS = (MCP_STATELESS_VERSION,) + MCP_HANDSHAKE_VERSIONS
-MCP_META = "io.modelcontextprotocol/"
-
-MCP_INSTRUCTIONS = (
-    "Agora is where agents meet: channels, direct mail, a task board with leases and "
-    "shared notes. Call brief first, and again whenever you wake: it says what waits "
-    "for you and what to do next. read delivers your new messages (wait=N blocks for mail).")
 
 RpcReply = namedtuple("RpcReply", "status message label")
 RpcReply.__doc__ = """A JSON-RPC answer: its HTTP status, the message (or None), a log label."""
@@ -1855,76 +1904,106 @@ def read_rpc(data):
     return RpcRequest(request_id, method, params)
 
 
-def mcp_tools():
-    """Answer the catalog as MCP tools, in catalog order."""
-    # Hints at their defaults are left out: the whole list must stay small.
-    return [{"name": op.name, "description": op.summary, "inputSchema": op.schema,
-             "annotations": ({"readOnlyHint": True, "idempotentHint": True}
-                             if op.readonly else {"destructiveHint": False})
-             | {"openWorldHint": False}}
-            for op in CATALOG.values()]
-
-
-def _rpc_error(message_id, code, message, data=None):
+def rpc_error(message_id, code, message, data=None):
+    """Answer a JSON-RPC error message."""
     error = {"code": code, "message": message}
     if data is not None:
         error["data"] = data
     return {"jsonrpc": "2.0", "id": message_id, "error": error}
 
 
-def _mcp_discover(store, params, caller):
-    return {"supportedVersions": list(MCP_VERSIONS),
-            "capabilities": {"tools": {"listChanged": False}},
-            "instructions": MCP_INSTRUCTIONS,
-            "_meta": {MCP_META + "serverInfo": {"name": "agora", "version": __version__}}}
+class RpcEndpoint:
+    """One JSON-RPC message in, one answer out: the envelope MCP and A2A share.
+
+    A face subclasses it with ``dispatch(request)``, which answers the result
+    or raises RpcError (the face maps agora's refusals to those itself).
+    ``precheck`` refuses what the transport got wrong before the message is
+    read, ``error_data`` adds a face's detail to an error, ``label`` names the
+    request in the log. Anything unexpected becomes -32603, its traceback on
+    stderr.
+    """
+
+    def __init__(self, store, caller, headers=None):
+        self.store, self.caller, self.headers = store, caller, headers
+
+    def answer(self, data):
+        """Answer the RpcReply to one message DATA (bytes)."""
+        request, label = None, "invalid"
+        try:
+            self.precheck()
+            request = read_rpc(data)
+            if request is None:
+                return RpcReply(202, None, "notification")
+            label = self.label(request)
+            result = self.dispatch(request)
+        except RpcError as error:
+            request_id = request.id if request else error.request_id
+            data = self.error_data(request, error)
+            return RpcReply(error.http_status, rpc_error(request_id, error.code, error.message,
+                                                         data), label)
+        except Exception:
+            import traceback        # only ever needed to report a bug
+            traceback.print_exc(file=sys.stderr)
+            return RpcReply(500, rpc_error(request.id if request else None, -32603,
+                                           "Internal error"), label)
+        return RpcReply(200, {"jsonrpc": "2.0", "id": request.id, "result": result}, label)
+
+    def precheck(self):
+        """Refuse a request the transport got wrong (nothing to refuse by default)."""
+
+    @staticmethod
+    def label(request):
+        """Answer how the log names REQUEST."""
+        return request.method
+
+    @staticmethod
+    def error_data(request, error):
+        """Answer the ``data`` of an error answer."""
+        return error.data
 
 
-def _mcp_initialize(store, params, caller):
-    requested = params.get("protocolVersion")
-    # Never refuse: answer the newest revision we speak and let the client decide.
-    version = requested if requested in MCP_HANDSHAKE_VERSIONS else MCP_HANDSHAKE_VERSIONS[0]
-    return {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
-            "serverInfo": {"name": "agora", "version": __version__},
-            "instructions": MCP_INSTRUCTIONS}
+###############################################################################
+# MCP: the catalog as tools ###################################################
+###############################################################################
+
+# Revisions that open with an initialize handshake; the first is the newest.
+MCP_HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+# The stateless revision: no handshake, every request names its version in _meta.
+MCP_STATELESS_VERSION = "2026-07-28"
+MCP_VERSIONS = (MCP_STATELESS_VERSION,) + MCP_HANDSHAKE_VERSIONS
+MCP_META = "io.modelcontextprotocol/"
+
+MCP_INSTRUCTIONS = (
+    "Agora is where agents meet: channels, direct mail, a task board with leases and "
+    "shared notes. Call brief first, and again whenever you wake: it says what waits "
+    "for you and what to do next. read delivers your new messages (wait=N blocks for mail).")
 
 
-def _mcp_ping(store, params, caller):
-    return {}
+def mcp_tools():
+    """Answer the catalog as MCP tools, in catalog order."""
+    # Hints at their defaults are left out: the whole list must stay small.
+    return [{"name": op.name, "description": op.summary, "inputSchema": op.schema,
+             "annotations": dict({"readOnlyHint": True, "idempotentHint": True}
+                                 if op.readonly else {"destructiveHint": False},
+                                 openWorldHint=False)}
+            for op in CATALOG.values()]
 
 
-def _mcp_tools_list(store, params, caller):
-    if params.get("cursor") is not None:
-        raise RpcError(-32602, "unknown cursor: every tool comes in one page")
-    return {"tools": mcp_tools()}
+def stateless_headers(method, params):
+    """Answer the routing headers a 2026-07-28 message must carry, or None for another era.
 
-
-def _mcp_tools_call(store, params, caller):
-    name = params.get("name")
-    if not isinstance(name, str) or name not in CATALOG:
-        raise RpcError(-32602, f"Unknown tool: {str(name)[:60]}")
-    arguments = params.get("arguments")
-    result = call(store, name, {} if arguments is None else arguments, caller)
-    if result.status == 401 and not caller.local:
-        raise RpcError(-32600, result.text, http_status=401)
-    if result.status >= 400:
-        return {"content": [{"type": "text", "text": result.text}], "isError": True}
-    return {"content": [{"type": "text", "text": result.text}],
-            "structuredContent": result.body, "isError": False}
-
-
-MCP_METHODS = {
-    "initialize": _mcp_initialize,
-    "ping": _mcp_ping,
-    "tools/list": _mcp_tools_list,
-    "tools/call": _mcp_tools_call,
-}
-MCP_STATELESS_METHODS = {
-    "server/discover": _mcp_discover,
-    "tools/list": _mcp_tools_list,
-    "tools/call": _mcp_tools_call,
-}
-# Stateless results a client may cache: they say for how long and for whom.
-MCP_CACHEABLE = {"server/discover", "tools/list"}
+    They repeat the body (its _meta protocol version, the method, a tool's
+    name), so that a proxy can route without reading it; the server checks
+    them, the stdio bridge writes them.
+    """
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not (isinstance(meta, dict) and isinstance(meta.get(MCP_META + "protocolVersion"), str)):
+        return None
+    headers = {"MCP-Protocol-Version": meta[MCP_META + "protocolVersion"],
+               "Mcp-Method": str(method)}
+    if method == "tools/call":
+        headers["Mcp-Name"] = str(params.get("name"))
+    return headers
 
 
 def _header_text(value):
@@ -1939,41 +2018,23 @@ def _header_text(value):
         return None
 
 
-def _check_stateless(method, params, headers):
-    """Refuse a 2026-07-28 request whose _meta or routing headers are wrong."""
-    meta = params.get("_meta")
-    if not (isinstance(meta, dict) and isinstance(meta.get(MCP_META + "protocolVersion"), str)
-            and isinstance(meta.get(MCP_META + "clientCapabilities"), dict)):
-        raise RpcError(-32602, f"_meta must carry {MCP_META}protocolVersion and "
-                               f"{MCP_META}clientCapabilities", http_status=400)
-    version = meta[MCP_META + "protocolVersion"]
-    if headers is not None:
-        expected = [("MCP-Protocol-Version", version), ("Mcp-Method", method)]
-        if method == "tools/call":
-            expected.append(("Mcp-Name", params.get("name")))
-        for header, body_value in expected:
-            sent = headers.get_all(header) or []
-            if len(sent) != 1 or _header_text(sent[0]) != body_value:
-                raise RpcError(-32020, f"Header mismatch: {header} does not match the body",
-                               http_status=400)
-    if version != MCP_STATELESS_VERSION:
-        raise RpcError(-32022, "Unsupported protocol version", http_status=400,
-                       data={"supported": list(MCP_VERSIONS), "requested": version})
+class McpEndpoint(RpcEndpoint):
+    """MCP over JSON-RPC, both eras on one endpoint: the core of /mcp and stdio.
 
-
-def mcp_handle(store, data, caller, headers=None):
-    """Answer one JSON-RPC message DATA (bytes) from CALLER; the core of both transports.
-
-    HEADERS are the HTTP request headers, or None over stdio.
+    HEADERS are the HTTP request's, or None over stdio.
     """
-    request, label = None, "invalid"
-    try:
-        request = read_rpc(data)
-        if request is None:
-            return RpcReply(202, None, "notification")
+
+    def label(self, request):
+        """Name a tools/call by its tool, every other request by its method."""
+        if request.method == "tools/call":
+            return f"tools/call:{str(request.params.get('name'))[:48]}"
+        return request.method
+
+    def dispatch(self, request):
+        """Answer one request of either era."""
         method, params = request.method, request.params
-        label = method
-        header_version = headers.get("MCP-Protocol-Version") if headers is not None else None
+        header_version = (self.headers.get("MCP-Protocol-Version")
+                          if self.headers is not None else None)
         if header_version is not None and header_version not in MCP_VERSIONS:
             raise RpcError(-32022, "Unsupported protocol version", http_status=400,
                            data={"supported": list(MCP_VERSIONS), "requested": header_version})
@@ -1981,39 +2042,103 @@ def mcp_handle(store, data, caller, headers=None):
         stateless = (header_version == MCP_STATELESS_VERSION
                      or isinstance(meta, dict) and MCP_META + "protocolVersion" in meta)
         if stateless:
-            _check_stateless(method, params, headers)
-        handler = (MCP_STATELESS_METHODS if stateless else MCP_METHODS).get(method)
-        if handler is None:
+            self.check_stateless(method, params)
+        methods = self.STATELESS_METHODS if stateless else self.HANDSHAKE_METHODS
+        if method not in methods:
             raise RpcError(-32601, f"Method not found: {method[:60]}",
                            http_status=404 if stateless else 200)
-        if method == "tools/call":
-            label = f"tools/call:{str(params.get('name'))[:48]}"
-        result = handler(store, params, caller)
+        result = getattr(self, methods[method])(params)
         if stateless:
             result["resultType"] = "complete"
-            if method in MCP_CACHEABLE:
+            if method in self.CACHEABLE:
                 result.update(ttlMs=0, cacheScope="public")
-    except RpcError as error:
-        request_id = request.id if request else error.request_id
-        return RpcReply(error.http_status, _rpc_error(request_id, error.code, error.message,
-                                                      error.data), label)
-    except Exception:
-        import traceback        # only ever needed to report a bug
-        traceback.print_exc(file=sys.stderr)
-        return RpcReply(500, _rpc_error(request.id if request else None, -32603,
-                                        "Internal error"), label)
-    return RpcReply(200, {"jsonrpc": "2.0", "id": request.id, "result": result}, label)
+        return result
+
+    HANDSHAKE_METHODS = {"initialize": "initialize", "ping": "ping",
+                         "tools/list": "tools_list", "tools/call": "tools_call"}
+    STATELESS_METHODS = {"server/discover": "discover", "tools/list": "tools_list",
+                         "tools/call": "tools_call"}
+    # Stateless results a client may cache: they say for how long and for whom.
+    CACHEABLE = {"server/discover", "tools/list"}
+
+    def check_stateless(self, method, params):
+        """Refuse a 2026-07-28 request whose _meta or routing headers are wrong."""
+        meta = params.get("_meta")
+        if not (isinstance(meta, dict)
+                and isinstance(meta.get(MCP_META + "protocolVersion"), str)
+                and isinstance(meta.get(MCP_META + "clientCapabilities"), dict)):
+            raise RpcError(-32602, f"_meta must carry {MCP_META}protocolVersion and "
+                                   f"{MCP_META}clientCapabilities", http_status=400)
+        if self.headers is not None:
+            for header, body_value in stateless_headers(method, params).items():
+                sent = self.headers.get_all(header) or []
+                if len(sent) != 1 or _header_text(sent[0]) != body_value:
+                    raise RpcError(-32020, f"Header mismatch: {header} does not match the body",
+                                   http_status=400)
+        version = meta[MCP_META + "protocolVersion"]
+        if version != MCP_STATELESS_VERSION:
+            raise RpcError(-32022, "Unsupported protocol version", http_status=400,
+                           data={"supported": list(MCP_VERSIONS), "requested": version})
+
+    @staticmethod
+    def discover(params):
+        """Answer server/discover: what a stateless client learns instead of a handshake."""
+        return {"supportedVersions": list(MCP_VERSIONS),
+                "capabilities": {"tools": {"listChanged": False}},
+                "instructions": MCP_INSTRUCTIONS,
+                "_meta": {MCP_META + "serverInfo": {"name": "agora", "version": __version__}}}
+
+    @staticmethod
+    def initialize(params):
+        """Answer the handshake; never refuse a version, offer the newest we speak."""
+        requested = params.get("protocolVersion")
+        version = (requested if requested in MCP_HANDSHAKE_VERSIONS
+                   else MCP_HANDSHAKE_VERSIONS[0])
+        return {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
+                "serverInfo": {"name": "agora", "version": __version__},
+                "instructions": MCP_INSTRUCTIONS}
+
+    @staticmethod
+    def ping(params):
+        """Answer a ping, at any time."""
+        return {}
+
+    @staticmethod
+    def tools_list(params):
+        """Answer every tool in one page."""
+        if params.get("cursor") is not None:
+            raise RpcError(-32602, "unknown cursor: every tool comes in one page")
+        return {"tools": mcp_tools()}
+
+    def tools_call(self, params):
+        """Run one operation; a refusal is a result the model reads (isError)."""
+        name = params.get("name")
+        if not isinstance(name, str) or name not in CATALOG:
+            raise RpcError(-32602, f"Unknown tool: {str(name)[:60]}")
+        arguments = params.get("arguments")
+        try:
+            result = call(self.store, name, {} if arguments is None else arguments,
+                          self.caller)
+        except Unauthorized as error:
+            raise RpcError(-32600, error.text, http_status=401) from None
+        except AgoraError as error:
+            return {"content": [{"type": "text", "text": error.text}], "isError": True}
+        return {"content": [{"type": "text", "text": result.text}],
+                "structuredContent": result.body, "isError": False}
 
 
 ###############################################################################
 # A2A: the task board as an agent #############################################
 ###############################################################################
 
-A2A_DEFAULT_BLOCK = 60      # seconds a blocking SendMessage waits for the task to finish
+# A blocking SendMessage holds this long for its task to finish: a board task is
+# finished by an agent minutes later, and clients read with short timeouts
+# (httpx's default is 5 s), so a longer hold only turns an answer into a timeout.
+A2A_DEFAULT_BLOCK = 3
 A2A_PAGE_SIZE = 50
 A2A_MAX_PAGE_SIZE = 100
 
-# Board state -> A2A state; 1.0 spells states as enums, 0.3 in lowercase.
+# Board state -> A2A state (spelled per generation by A2A_ERAS).
 A2A_STATES = {"open": "submitted", "claimed": "working", "done": "completed",
               "failed": "failed", "cancelled": "canceled"}
 A2A_TERMINAL = {"done", "failed", "cancelled"}
@@ -2028,6 +2153,43 @@ A2A_ERRORS = {
     -32007: "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
     -32009: "VERSION_NOT_SUPPORTED",
 }
+# Agora's refusals as A2A errors: a task of someone else's is "not found" too.
+A2A_REFUSALS = {BadRequest: -32602, Forbidden: -32001, NotFound: -32001, Conflict: -32002}
+
+A2AEra = namedtuple("A2AEra", "state role kinds wraps_send returns_at_once error_info")
+A2AEra.__doc__ = """How one A2A generation spells what both say."""
+
+# Every difference between 1.0 and 0.3 answers, said once. 0.3 names its
+# methods as paths (message/send) and tags each object with its "kind".
+A2A_ERAS = {
+    "1.0": A2AEra(state=lambda state: f"TASK_STATE_{state.upper()}",
+                  role=lambda role: f"ROLE_{role.upper()}", kinds=False, wraps_send=True,
+                  returns_at_once=lambda conf: conf.get("returnImmediately") is True,
+                  error_info=True),
+    "0.3": A2AEra(state=str, role=str, kinds=True, wraps_send=False,
+                  returns_at_once=lambda conf: conf.get("blocking") is False,
+                  error_info=False),
+}
+
+# Request parameters, checked by the catalog's own argument checker.
+A2A_PARAMS = {
+    "configuration": {"type": "object"},
+    "message": {"type": "object"},
+    "historyLength": _integer(0, 10 ** 9),
+    "messageId": _string(0, 200),
+    "contextId": _string(0, 200),
+    "pageSize": _integer(1, A2A_MAX_PAGE_SIZE),
+    "pageToken": _string(pattern=A2A_PAGE_TOKEN),
+    "status": {"type": "string", "enum": ["TASK_STATE_UNSPECIFIED"] + [
+        A2A_ERAS["1.0"].state(state) for state in A2A_STATES.values()]},
+    "statusTimestampAfter": _string(0, 64),
+}
+
+
+def _a2a_param(params, name, default=None):
+    """Answer params[NAME] checked by its rule in A2A_PARAMS (DEFAULT when absent or "")."""
+    value = params.get(name)
+    return default if value in (None, "") else _check_value(name, A2A_PARAMS[name], value)
 
 
 def agent_card(base_url):
@@ -2077,67 +2239,74 @@ def _from_rfc3339(text):
     return int(moment.timestamp())
 
 
-def _a2a_state(state, era):
-    return f"TASK_STATE_{state.upper()}" if era == "1.0" else state
+def _a2a_text_part(era, text):
+    return {"kind": "text", "text": text} if era.kinds else {"text": text}
 
 
 def _a2a_message(era, role, text, task_id, context_id, message_id):
-    message = {"messageId": message_id, "role": f"ROLE_{role.upper()}" if era == "1.0" else role,
-               "parts": [{"text": text} if era == "1.0" else {"kind": "text", "text": text}],
+    message = {"messageId": message_id, "role": era.role(role),
+               "parts": [_a2a_text_part(era, text)],
                "taskId": str(task_id), "contextId": context_id}
-    if era == "0.3":
+    if era.kinds:
         message["kind"] = "message"
     return message
 
 
-def _a2a_context(db, task_id):
-    """Answer (context id, message id) the A2A face keeps for a board task."""
-    row = db.execute("SELECT context_id, message_id FROM a2a_tasks WHERE task_id = ?",
-                     (task_id,)).fetchone()
-    return (row[0], row[1]) if row else (f"agora-task-{task_id}", f"agora-task-{task_id}")
+def _a2a_status_note(row):
+    """Answer what an A2A client is told beside a board task's state, or None."""
+    state = row["state"]
+    if state == "claimed":
+        return f"{row['owner']} is working on it"
+    if state == "open" and row["status"] == "claimed":
+        return f"back on the board: {row['owner']}'s lease ran out"
+    if state == "open" and row["reopened"] == "released":
+        return "back on the board: its holder released it"
+    if state == "failed":
+        return row["result"] or "failed"
+    if state == "cancelled":
+        return "cancelled by its poster"
+    return None
 
 
-def a2a_task(store, task, era, history_length=None):
-    """Answer a board task (as the catalog's handlers show it) as an A2A Task."""
-    task_id = task["id"]
-    with store.transaction() as db:
-        context_id, message_id = _a2a_context(db, task_id)
-        later = db.execute("SELECT message_id, role, text FROM a2a_messages WHERE task_id = ? "
-                           "ORDER BY id", (task_id,)).fetchall()
-    board_state = task["status"]
-    status = {"state": _a2a_state(A2A_STATES[board_state], era),
-              "timestamp": _rfc3339(task["updated"])}
-    note = None
-    if board_state == "claimed":
-        note = f"{task['owner']} is working on it"
-    elif board_state == "open" and task["updated"] != task["created"]:
-        # Only claims and releases move an open task's clock past its posting.
-        note = "back on the board: its holder released it or the lease ran out"
-    elif board_state == "failed":
-        note = task["result"] or "failed"
-    elif board_state == "cancelled":
-        note = "cancelled by its poster"
-    if note:
-        status["message"] = _a2a_message(era, "agent", note, task_id, context_id,
-                                         f"agora-status-{task_id}-{task['updated']}")
-    answer = {"id": str(task_id), "contextId": context_id, "status": status,
-              "metadata": {"title": task["title"], "tags": task["tags"],
-                           "priority": task["priority"], "owner": task["owner"]}}
-    if board_state == "done":
-        part = {"text": task["result"] or ""}
-        if era == "0.3":
-            part["kind"] = "text"
-        answer["artifacts"] = [{"artifactId": f"agora-result-{task_id}", "name": "result",
-                                "parts": [part]}]
-    history = [_a2a_message(era, "user", task["body"] or task["title"], task_id, context_id,
-                            message_id)]
-    history += [_a2a_message(era, role, text, task_id, context_id, mid)
-                for mid, role, text in later]
-    if history_length is None or history_length > 0:
-        answer["history"] = history[-history_length:] if history_length else history
-    if era == "0.3":
-        answer["kind"] = "task"
-    return answer
+def a2a_tasks(db, rows, era, history_length=None):
+    """Answer board task rows (TASK_ROWS) as A2A Tasks, with the A2A face's records."""
+    ids = [row["id"] for row in rows]
+    marks = ",".join("?" * len(ids))
+    contexts = {task_id: (context, message) for task_id, context, message in db.execute(
+        f"SELECT task_id, context_id, message_id FROM a2a_tasks WHERE task_id IN ({marks})",
+        ids)}
+    later = {}
+    for task_id, message_id, role, text in db.execute(
+            "SELECT task_id, message_id, role, text FROM a2a_messages "
+            f"WHERE task_id IN ({marks}) ORDER BY id", ids):
+        later.setdefault(task_id, []).append((message_id, role, text))
+    answers = []
+    for row in rows:
+        task_id, task = row["id"], _task(row)
+        fallback = f"agora-task-{task_id}"
+        context_id, message_id = contexts.get(task_id, (fallback, fallback))
+        status = {"state": era.state(A2A_STATES[task["status"]]),
+                  "timestamp": _rfc3339(task["updated"])}
+        note = _a2a_status_note(row)
+        if note:
+            status["message"] = _a2a_message(era, "agent", note, task_id, context_id,
+                                             f"agora-status-{task_id}-{task['updated']}")
+        answer = {"id": str(task_id), "contextId": context_id, "status": status,
+                  "metadata": {"title": task["title"], "tags": task["tags"],
+                               "priority": task["priority"], "owner": task["owner"]}}
+        if task["status"] == "done":
+            answer["artifacts"] = [{"artifactId": f"agora-result-{task_id}", "name": "result",
+                                    "parts": [_a2a_text_part(era, task["result"] or "")]}]
+        history = [_a2a_message(era, "user", task["body"] or task["title"], task_id,
+                                context_id, message_id)]
+        history += [_a2a_message(era, role, text, task_id, context_id, mid)
+                    for mid, role, text in later.get(task_id, [])]
+        if history_length is None or history_length > 0:
+            answer["history"] = history[-history_length:] if history_length else history
+        if era.kinds:
+            answer["kind"] = "task"
+        answers.append(answer)
+    return answers
 
 
 def _a2a_text(message):
@@ -2189,168 +2358,6 @@ def _camel_case(params):
     return params
 
 
-# A refusal from the catalog as the A2A error a client understands: the one place
-# where the A2A face maps statuses (a task of someone else's is "not found" too).
-A2A_REFUSALS = {400: -32602, 403: -32001, 404: -32001, 409: -32002}
-
-
-def _a2a_call(store, caller, name, args):
-    """Run catalog operation NAME for the A2A face; answer its body or raise its error."""
-    result = call(store, name, args, caller)
-    if result.status == 200:
-        return result.body
-    if result.status == 401:
-        raise RpcError(-32600, result.text, http_status=401)
-    raise RpcError(A2A_REFUSALS.get(result.status, -32603), result.body["error"])
-
-
-A2A_KINDS = {int: "a whole number", str: "a string", dict: "an object", bool: "true or false"}
-
-
-def _a2a_param(params, name, kind, default=None):
-    """Answer params[NAME] if it is of KIND (or absent: DEFAULT), else raise -32602."""
-    value = params.get(name)
-    if value is None:
-        return default
-    if kind is int and isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if kind is int and isinstance(value, str) and re.fullmatch(r"[0-9]{1,9}", value):
-        value = int(value)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise RpcError(-32602, f"{name} must be {A2A_KINDS[kind]}")
-    if kind is str and not (_is_unicode(value) and len(value) <= 200):
-        raise RpcError(-32602, f"{name} must be Unicode text of at most 200 characters")
-    if kind is int and not 0 <= value <= 10 ** 9:
-        raise RpcError(-32602, f"{name} must not be negative")
-    return value
-
-
-def _a2a_board_task(store, caller, raw_id):
-    """Answer the board task RAW_ID if CALLER posted it; anything else is not found."""
-    task_id = str(raw_id) if isinstance(raw_id, (str, int)) else ""
-    if re.fullmatch(r"[0-9]{1,18}", task_id):
-        task = _a2a_call(store, caller, "task", {"id": int(task_id)})["task"]
-        if task["poster"] == caller.name:
-            return task
-    raise RpcError(-32001, f"task {str(raw_id)[:40]} not found")
-
-
-def _a2a_send(store, caller, params, era, block):
-    """Post a task from a message (or add a message to one); block until it ends."""
-    import secrets
-    message = params.get("message")
-    text = _a2a_text(message)
-    configuration = _a2a_param(params, "configuration", dict, {})
-    history_length = _a2a_param(configuration, "historyLength", int)
-    immediately = (configuration.get("returnImmediately") is True if era == "1.0"
-                   else configuration.get("blocking") is False)
-    message_id = _a2a_param(message, "messageId", str) or secrets.token_hex(8)
-    context_id = _a2a_param(message, "contextId", str)
-    if message.get("taskId") is not None:
-        task = _a2a_board_task(store, caller, message["taskId"])
-        with store.transaction() as db:
-            known_context, _ = _a2a_context(db, task["id"])
-        if context_id not in (None, known_context):
-            raise RpcError(-32602, f"contextId is not task {task['id']}'s context")
-        if task["status"] in A2A_TERMINAL:
-            raise RpcError(-32004, f"task {task['id']} is {task['status']}: send a new message")
-        if task["status"] == "claimed":
-            _a2a_call(store, caller, "post", {"to": task["owner"],
-                                              "body": f"about task #{task['id']}: {text}"})
-        with store.transaction(write=True) as db:
-            db.execute("INSERT INTO a2a_messages (task_id, message_id, role, text, ts) "
-                       "VALUES (?, ?, 'user', ?, ?)", (task["id"], message_id, text,
-                                                      int(time.time())))
-        task_id = task["id"]
-    else:
-        metadata = params.get("metadata") or message.get("metadata") or {}
-        args = {"title": text.splitlines()[0][:200], "body": text}
-        for key in ("tags", "priority"):
-            if isinstance(metadata, dict) and metadata.get(key) is not None:
-                args[key] = metadata[key]
-        task_id = _a2a_call(store, caller, "post_task", args)["id"]
-        with store.transaction(write=True) as db:
-            db.execute("INSERT INTO a2a_tasks (task_id, context_id, message_id) VALUES (?, ?, ?)",
-                       (task_id, context_id or secrets.token_hex(16), message_id))
-
-    def current():
-        return _a2a_call(store, caller, "task", {"id": task_id})["task"]
-    if not immediately and block > 0:
-        store.wait(lambda: current()["status"] in A2A_TERMINAL, block)
-    answer = a2a_task(store, current(), era, history_length)
-    return {"task": answer} if era == "1.0" else answer
-
-
-def _a2a_get(store, caller, params, era, block):
-    """Answer one of the caller's tasks."""
-    task = _a2a_board_task(store, caller, params.get("id"))
-    return a2a_task(store, task, era, _a2a_param(params, "historyLength", int))
-
-
-def _a2a_cancel(store, caller, params, era, block):
-    """Cancel one of the caller's unfinished tasks."""
-    task = _a2a_board_task(store, caller, params.get("id"))
-    return a2a_task(store, _a2a_call(store, caller, "cancel", {"id": task["id"]})["task"], era)
-
-
-# An A2A state filter of ListTasks as the board query that finds it.
-A2A_STATE_FILTERS = {
-    "TASK_STATE_SUBMITTED": OPEN_TASK,
-    "TASK_STATE_WORKING": "status = 'claimed' AND lease_until > :now",
-    "TASK_STATE_COMPLETED": "status = 'done'",
-    "TASK_STATE_FAILED": "status = 'failed'",
-    "TASK_STATE_CANCELED": "status = 'cancelled'",
-}
-
-
-def _a2a_list(store, caller, params, era, block):
-    """Answer a page of the caller's tasks, newest first."""
-    page_size = _a2a_param(params, "pageSize", int, A2A_PAGE_SIZE)
-    if not 1 <= page_size <= A2A_MAX_PAGE_SIZE:
-        raise RpcError(-32602, f"pageSize must be 1-{A2A_MAX_PAGE_SIZE}")
-    token = _a2a_param(params, "pageToken", str, "")
-    if not re.fullmatch(r"([0-9]{1,18}\.[0-9]{1,18})?", token):
-        raise RpcError(-32602, "pageToken is not one this server gave")
-    state = _a2a_param(params, "status", str)
-    context = _a2a_param(params, "contextId", str)
-    after = _a2a_param(params, "statusTimestampAfter", str)
-    history_length = _a2a_param(params, "historyLength", int)
-    where = ["poster = :me"]
-    if state not in (None, "", "TASK_STATE_UNSPECIFIED"):
-        if state not in A2A_STATE_FILTERS:
-            raise RpcError(-32602, f"status must be one of {', '.join(A2A_STATE_FILTERS)}")
-        where.append(A2A_STATE_FILTERS[state])
-    if context:
-        where.append("id IN (SELECT task_id FROM a2a_tasks WHERE context_id = :context)")
-    if after:
-        where.append("updated >= :after")
-    updated, before = token.split(".") if token else (2 ** 62, 2 ** 62)
-    query = {"me": caller.name, "now": int(time.time()), "context": context,
-             "after": _from_rfc3339(after) if after else 0, "updated": int(updated),
-             "before": int(before), "limit": page_size + 1}
-    condition = " AND ".join(where)
-    with store.transaction() as db:
-        total = db.execute(f"SELECT count(*) FROM tasks WHERE {condition}", query).fetchone()[0]
-        rows = db.execute(
-            f"SELECT id, updated FROM tasks WHERE {condition} AND (updated < :updated OR "
-            "(updated = :updated AND id < :before)) ORDER BY updated DESC, id DESC "
-            "LIMIT :limit", query).fetchall()
-    tasks = [a2a_task(store, _a2a_board_task(store, caller, row["id"]), era, history_length)
-             for row in rows[:page_size]]
-    if params.get("includeArtifacts") is not True:
-        for task in tasks:
-            task.pop("artifacts", None)
-    last = rows[page_size - 1] if len(rows) > page_size else None
-    return {"tasks": tasks, "nextPageToken": f"{last['updated']}.{last['id']}" if last else "",
-            "pageSize": page_size, "totalSize": total}
-
-
-A2A_METHODS = {
-    "SendMessage": _a2a_send, "message/send": _a2a_send,
-    "GetTask": _a2a_get, "tasks/get": _a2a_get,
-    "CancelTask": _a2a_cancel, "tasks/cancel": _a2a_cancel,
-    "ListTasks": _a2a_list,
-}
 # Methods of capabilities the card does not declare, with the error each gets.
 A2A_REFUSED = dict(
     [(name, (-32004, "streaming is not supported: poll GetTask")) for name in (
@@ -2364,52 +2371,999 @@ A2A_REFUSED = dict(
         "GetExtendedAgentCard", "agent/getAuthenticatedExtendedCard")])
 
 
-def _a2a_error(request_id, error, era):
-    reply = _rpc_error(request_id, error.code, error.message)
-    if era == "1.0" and error.code in A2A_ERRORS:
-        reply["error"]["data"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                                   "reason": A2A_ERRORS[error.code],
-                                   "domain": "a2a-protocol.org"}]
-    return reply
+def _a2a_era(request):
+    """Answer the generation a request speaks: 0.3 names its methods as paths."""
+    return A2A_ERAS["0.3" if request is not None and "/" in request.method else "1.0"]
 
 
-def a2a_handle(store, data, caller, headers, block=A2A_DEFAULT_BLOCK):
-    """Answer one A2A JSON-RPC message, in the shapes of the version its method names."""
-    request, era, label = None, "1.0", "invalid"
-    try:
-        kind = (headers.get("Content-Type") or "application/json").split(";")[0].strip().lower()
+class A2AEndpoint(RpcEndpoint):
+    """A2A's JSON-RPC: a message becomes a board task its poster can follow.
+
+    BLOCK caps how long a blocking SendMessage waits for the task to finish.
+    """
+
+    METHODS = {"SendMessage": "send", "message/send": "send", "GetTask": "get",
+               "tasks/get": "get", "CancelTask": "cancel", "tasks/cancel": "cancel",
+               "ListTasks": "list"}
+
+    def __init__(self, store, caller, headers, block=A2A_DEFAULT_BLOCK):
+        super().__init__(store, caller, headers)
+        self.block = block
+
+    def precheck(self):
+        """Refuse a body that is not JSON by its Content-Type."""
+        kind = ((self.headers.get("Content-Type") or "application/json")
+                .split(";")[0].strip().lower())
         if not (kind == "application/json" or kind.endswith("+json")):
             raise RpcError(-32005, f"Content-Type {kind[:60]} is not JSON")
-        request = read_rpc(data)
-        if request is None:
-            return RpcReply(202, None, "notification")
-        label = request.method
-        era = "0.3" if "/" in request.method else "1.0"   # 0.3 names are paths
-        version = (headers.get("A2A-Version") or "").strip()
+
+    @staticmethod
+    def error_data(request, error):
+        """Give a 1.0 answer's A2A error its ErrorInfo."""
+        if _a2a_era(request).error_info and error.code in A2A_ERRORS:
+            return [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                     "reason": A2A_ERRORS[error.code], "domain": "a2a-protocol.org"}]
+        return error.data
+
+    def dispatch(self, request):
+        """Answer one A2A request; agora's refusals become A2A errors here, and only here."""
+        version = (self.headers.get("A2A-Version") or "").strip()
         if version and ".".join(version.split(".")[:2]) not in ("1.0", "0.3"):
             raise RpcError(-32009, f"A2A version {version[:20]} is not supported "
                                    "(this agent speaks 1.0 and 0.3)")
         if request.method in A2A_REFUSED:
             raise RpcError(*A2A_REFUSED[request.method])
-        handler = A2A_METHODS.get(request.method)
-        if handler is None:
+        if request.method not in self.METHODS:
             raise RpcError(-32601, f"Method not found: {request.method[:60]}")
-        if caller.name is None:
+        if self.caller.name is None:
             raise RpcError(-32600, "this agent needs a bearer token", http_status=401)
-        result = handler(store, caller, _camel_case(request.params), era, block)
-    except RpcError as error:
-        request_id = request.id if request else error.request_id
-        return RpcReply(error.http_status, _a2a_error(request_id, error, era), label)
-    except Exception:
-        import traceback        # only ever needed to report a bug
-        traceback.print_exc(file=sys.stderr)
-        return RpcReply(500, _rpc_error(request.id if request else None, -32603,
-                                        "Internal error"), label)
-    return RpcReply(200, {"jsonrpc": "2.0", "id": request.id, "result": result}, label)
+        handler = getattr(self, self.METHODS[request.method])
+        try:
+            return handler(_camel_case(request.params), _a2a_era(request))
+        except Unauthorized as error:
+            raise RpcError(-32600, error.message, http_status=401) from None
+        except AgoraError as error:
+            raise RpcError(A2A_REFUSALS.get(type(error), -32603), error.message) from None
+
+    def own_task(self, db, raw_id, now):
+        """Answer the TASK_ROWS row of RAW_ID if the caller posted it; else not found."""
+        task_id = str(raw_id) if isinstance(raw_id, (str, int)) else ""
+        row = None
+        if re.fullmatch(r"[0-9]{1,18}", task_id):
+            row = db.execute(f"{TASK_ROWS} WHERE id = :id AND poster = :me",
+                             {"id": int(task_id), "me": self.caller.name, "now": now}).fetchone()
+        if row is None:
+            raise RpcError(-32001, f"task {str(raw_id)[:40]} not found")
+        return row
+
+    def answer_task(self, task_id, era, history_length=None):
+        """Answer one of the caller's tasks as it is now, as an A2A Task."""
+        now = int(time.time())
+        with self.store.transaction() as db:
+            return a2a_tasks(db, [self.own_task(db, task_id, now)], era, history_length)[0]
+
+    def send(self, params, era):
+        """Post a task from a message (or add a message to one); hold until it ends."""
+        import secrets
+        message = _a2a_param(params, "message")
+        text = _a2a_text(message)
+        configuration = _a2a_param(params, "configuration", {})
+        history_length = _a2a_param(configuration, "historyLength")
+        message_id = _a2a_param(message, "messageId") or secrets.token_hex(8)
+        context_id = _a2a_param(message, "contextId")
+        now = int(time.time())
+        # The board write and the A2A face's own record share one transaction.
+        with self.store.transaction(write=True) as db:
+            if message.get("taskId") is not None:
+                row = self.own_task(db, message["taskId"], now)
+                task_id = row["id"]
+                known_context = db.execute("SELECT context_id FROM a2a_tasks WHERE task_id = ?",
+                                           (task_id,)).fetchone()
+                if context_id not in (None, known_context[0] if known_context
+                                      else f"agora-task-{task_id}"):
+                    raise RpcError(-32602, f"contextId is not task {task_id}'s context")
+                if row["state"] in A2A_TERMINAL:
+                    raise RpcError(-32004, f"task {task_id} is {row['state']}: "
+                                           "send a new message")
+                if row["state"] == "claimed":
+                    call(self.store, "post", {"to": row["owner"],
+                                              "body": f"about task #{task_id}: {text}"},
+                         self.caller)
+                db.execute("INSERT INTO a2a_messages (task_id, message_id, role, text, ts) "
+                           "VALUES (?, ?, 'user', ?, ?)", (task_id, message_id, text, now))
+            else:
+                metadata = params.get("metadata") or message.get("metadata") or {}
+                args = {"title": text.splitlines()[0][:200], "body": text}
+                for key in ("tags", "priority"):
+                    if isinstance(metadata, dict) and metadata.get(key) is not None:
+                        args[key] = metadata[key]
+                task_id = call(self.store, "post_task", args, self.caller).body["id"]
+                db.execute("INSERT INTO a2a_tasks (task_id, context_id, message_id) "
+                           "VALUES (?, ?, ?)",
+                           (task_id, context_id or secrets.token_hex(16), message_id))
+        if not era.returns_at_once(configuration) and self.block > 0:
+            def finished():
+                state = self.store.query_one(f"SELECT {TASK_STATE} FROM tasks WHERE id = :id",
+                                             {"id": task_id, "now": int(time.time())})[0]
+                return state in A2A_TERMINAL
+            self.store.wait(finished, self.block)
+        answer = self.answer_task(task_id, era, history_length)
+        return {"task": answer} if era.wraps_send else answer
+
+    def get(self, params, era):
+        """Answer one of the caller's tasks."""
+        return self.answer_task(params.get("id"), era, _a2a_param(params, "historyLength"))
+
+    def cancel(self, params, era):
+        """Cancel one of the caller's unfinished tasks."""
+        with self.store.transaction() as db:
+            task_id = self.own_task(db, params.get("id"), int(time.time()))["id"]
+        call(self.store, "cancel", {"id": task_id}, self.caller)
+        return self.answer_task(task_id, era)
+
+    def list(self, params, era):
+        """Answer a page of the caller's tasks, newest first, in one transaction."""
+        page_size = _a2a_param(params, "pageSize", A2A_PAGE_SIZE)
+        token = _a2a_param(params, "pageToken", "")
+        state = _a2a_param(params, "status")
+        context = _a2a_param(params, "contextId")
+        after = _a2a_param(params, "statusTimestampAfter")
+        history_length = _a2a_param(params, "historyLength")
+        where = ["poster = :me"]
+        if state not in (None, "TASK_STATE_UNSPECIFIED"):
+            where.append(f"{TASK_STATE} = :state")
+        if context:
+            where.append("id IN (SELECT task_id FROM a2a_tasks WHERE context_id = :context)")
+        if after:
+            where.append("updated >= :after")
+        updated, before = token.split(".") if token else (2 ** 62, 2 ** 62)
+        board_state = {era.state(a2a): board for board, a2a in A2A_STATES.items()}
+        query = {"me": self.caller.name, "now": int(time.time()), "context": context,
+                 "state": board_state.get(state), "updated": int(updated),
+                 "after": _from_rfc3339(after) if after else 0, "before": int(before),
+                 "limit": page_size + 1}
+        condition = " AND ".join(where)
+        with self.store.transaction() as db:
+            total = db.execute(f"SELECT count(*) FROM tasks WHERE {condition}",
+                               query).fetchone()[0]
+            rows = db.execute(
+                f"{TASK_ROWS} WHERE {condition} AND (updated < :updated OR "
+                "(updated = :updated AND id < :before)) ORDER BY updated DESC, id DESC "
+                "LIMIT :limit", query).fetchall()
+            tasks = a2a_tasks(db, rows[:page_size], era, history_length)
+        if params.get("includeArtifacts") is not True:
+            for task in tasks:
+                task.pop("artifacts", None)
+        last = rows[page_size - 1] if len(rows) > page_size else None
+        return {"tasks": tasks, "nextPageToken": f"{last['updated']}.{last['id']}" if last else "",
+                "pageSize": page_size, "totalSize": total}
 
 
 ###############################################################################
-# Web: the page where people watch and join in ################################
+# HTTP: REST, MCP, A2A and the page ##########################################
+###############################################################################
+
+HttpRequest = namedtuple("HttpRequest", "method path query headers body caller")
+HttpRequest.__doc__ = """One request as a face sees it: framing done, body read, caller known."""
+
+HttpAnswer = namedtuple("HttpAnswer", "status payload headers what agent",
+                        defaults=((), "-", None))
+HttpAnswer.__doc__ = """A face's answer: status, payload bytes, extra headers, and what the
+log names (the request's WHAT, and AGENT when it is not the token's)."""
+
+
+class HTTPFailure(Exception):
+    """An answer decided before any face ran (bad framing, 404, 405, 403, 413)."""
+
+    def __init__(self, status, message, headers=(), close=False, json=True):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers
+        self.close, self.json = close, json
+
+
+def catalog_json():
+    """Answer the catalog as GET /api serves it: every op with its schema."""
+    return {"name": "agora", "version": __version__, "ops": [
+        {"name": op.name, "description": op.summary, "readonly": op.readonly,
+         "open": op.open, "methods": list(op.methods), "path": f"/api/{op.name}",
+         "schema": op.schema} for op in CATALOG.values()]}
+
+
+def _wants_text(headers):
+    """Answer whether the client asks for the text answer rather than JSON."""
+    accept = (headers.get("Accept") or "").lower()
+    return "text/plain" in accept and "application/json" not in accept
+
+
+def _wants_event_stream(headers):
+    """Answer whether the client accepts only text/event-stream, not JSON."""
+    accepted = {part.split(";")[0].strip().lower()
+                for part in (headers.get("Accept") or "").split(",")}
+    return ("text/event-stream" in accepted and not
+            accepted & {"application/json", "application/*", "*/*"})
+
+
+def _challenge(status):
+    """Answer the headers a 401 must carry (none otherwise)."""
+    return [("WWW-Authenticate", 'Bearer realm="agora"')] if status == 401 else []
+
+
+def rest_face(server, request):
+    """Answer a REST request: GET /api lists the catalog, /api/<op> runs one operation.
+
+    The one place agora's refusals become HTTP statuses and JSON bodies.
+    """
+    from urllib.parse import parse_qsl
+    if request.path in ("/api", "/api/"):
+        return HttpAnswer(200, json_bytes(catalog_json()), what="catalog")
+    name = request.path[len("/api/"):]
+    if request.method == "GET":
+        args = dict(parse_qsl(request.query, keep_blank_values=True))
+    elif not request.body.strip():
+        args = {}
+    else:
+        try:
+            args = parse_json(request.body)
+        except ValueError as e:
+            raise HTTPFailure(400, f"the body is not valid JSON: {e}") from None
+        if not isinstance(args, dict):
+            raise HTTPFailure(400, "the body must be a JSON object of arguments")
+    try:
+        result = call(server.store, name, args, request.caller)
+        status, body, text = result.status, result.body, result.text
+    except AgoraError as error:
+        status, body, text = error.status, error.body, error.text
+    headers = _challenge(status)
+    if _wants_text(request.headers):
+        headers.append(("Content-Type", "text/plain; charset=utf-8"))
+        return HttpAnswer(status, (text + "\n").encode("utf-8", "replace"), headers, name)
+    return HttpAnswer(status, json_bytes(body), headers, name)
+
+
+def mcp_face(server, request):
+    """Answer one MCP message over Streamable HTTP (stateless: no sessions)."""
+    reply = McpEndpoint(server.store, request.caller, request.headers).answer(request.body)
+    headers = _challenge(reply.status)
+    if reply.message is None:
+        return HttpAnswer(reply.status, b"", headers, reply.label)
+    payload = json_bytes(reply.message)
+    if _wants_event_stream(request.headers):
+        headers.append(("Content-Type", "text/event-stream"))
+        payload = b"event: message\ndata: " + payload + b"\n\n"
+    return HttpAnswer(reply.status, payload, headers, reply.label)
+
+
+def a2a_face(server, request):
+    """Answer one A2A JSON-RPC message: the task board as an agent."""
+    caller = request.caller
+    if caller.name is None and caller.token is None and server.a2a_guest:
+        caller = Caller(server.a2a_guest, True)
+    reply = A2AEndpoint(server.store, caller, request.headers, server.a2a_block).answer(
+        request.body)
+    payload = b"" if reply.message is None else json_bytes(reply.message)
+    return HttpAnswer(reply.status, payload, _challenge(reply.status) if payload else [],
+                      reply.label, caller.name)
+
+
+def card_face(server, request):
+    """Answer the agent card, with an ETag and caching headers."""
+    base = server.public_url or "http://" + (
+        request.headers.get("Host") or "%s:%s" % server.server_address[:2])
+    payload = json_bytes(agent_card(base))
+    etag = '"' + hashlib.sha256(payload).hexdigest()[:32] + '"'
+    headers = [("ETag", etag), ("Cache-Control", "public, max-age=300")]
+    if etag in (request.headers.get("If-None-Match") or ""):
+        return HttpAnswer(304, b"", headers, "agent-card")
+    return HttpAnswer(200, payload, headers, "agent-card")
+
+
+def page_face(server, request):
+    """Answer the web page: a client of /api like any other."""
+    page, policy = web_page()
+    return HttpAnswer(200, page, [
+        ("Content-Type", "text/html; charset=utf-8"), ("Content-Security-Policy", policy),
+        ("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff"),
+        ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY")], "page")
+
+
+Route = namedtuple("Route", "face log methods")
+Route.__doc__ = """Which face answers a path, its name in the log, the methods it takes."""
+
+ROUTES = {
+    "/api": Route(rest_face, "rest", ("GET",)),
+    "/mcp": Route(mcp_face, "mcp", ("POST",)),
+    "/a2a": Route(a2a_face, "a2a", ("POST",)),
+    "/.well-known/agent-card.json": Route(card_face, "a2a", ("GET",)),
+    "/.well-known/agent.json": Route(card_face, "a2a", ("GET",)),
+    "/": Route(page_face, "web", ("GET",)),
+}
+
+
+def find_route(path):
+    """Answer the Route of PATH (a trailing slash is the same path), or raise a 404."""
+    route = ROUTES.get(path if path == "/" else path.rstrip("/"))
+    if route is not None:
+        return route
+    if path.startswith("/api/"):
+        op = CATALOG.get(path[len("/api/"):])
+        if op is None:
+            raise HTTPFailure(404, f"no operation {path[len('/api/'):][:60]!r}; "
+                                   "GET /api lists them")
+        return Route(rest_face, "rest", op.methods)
+    raise HTTPFailure(404, f"not found: {path[:200]} (agora serves /, /api, /mcp and /a2a)",
+                      json=False)
+
+
+class RequestHandler:
+    """HTTP framing for the faces; mixed into BaseHTTPRequestHandler.
+
+    Every request takes one path: read the body (always, so a keep-alive
+    connection stays in step), find the route (404), check the method (405,
+    whatever the headers), check Host and Origin (403), then let the face
+    answer. Kept free of http.server at import time so one-shot CLI calls stay
+    fast; make_server() composes the real handler class.
+    """
+
+    server_version = f"agora/{__version__}"
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True      # else Nagle + delayed ACK add ~40 ms per answer
+    max_header_bytes = 16384            # request headers in all
+    # Errors http.server answers itself (bad request line, 414, 431, 501): plain text.
+    error_content_type = "text/plain; charset=utf-8"
+    error_message_format = "%(code)d %(message)s\n"
+    # No socket timeout: it turns every read and write into two system calls. The
+    # server's watchdog closes connections that idle, send slowly or stall instead.
+    timeout = None
+
+    def setup(self):
+        """Register the connection with the watchdog, idle until a request begins."""
+        super().setup()
+        self.server.watch(self.connection, self.server.idle_timeout, opened=True)
+
+    def finish(self):
+        """Forget the connection."""
+        try:
+            super().finish()
+        finally:
+            self.server.watch(self.connection, None, closed=True)
+
+    def parse_request(self):
+        """Give the request its time to arrive whole; refuse oversized headers."""
+        self.server.watch(self.connection, self.server.request_timeout)
+        if not super().parse_request():
+            return False
+        if sum(len(key) + len(value) + 4 for key, value in self.headers.items()) > \
+                self.max_header_bytes:
+            self.close_connection = True
+            self.send_error(431, f"request headers over {self.max_header_bytes} bytes")
+            return False
+        return True
+
+    def handle_one_method(self):
+        """Read, route and answer one request, then log it."""
+        from urllib.parse import urlsplit
+        started = time.monotonic()
+        url = urlsplit(self.path)
+        log, agent, what = "rest", "-", "-"
+        try:
+            body = self.read_body()
+            route = find_route(url.path)
+            log = route.log
+            if self.command not in route.methods:
+                allow = ", ".join(route.methods)
+                raise HTTPFailure(405, f"{url.path[:60]} takes {allow}",
+                                  headers=[("Allow", allow)])
+            self.check_origin()
+            self.server.watch(self.connection, None)     # a face may wait (long polls)
+            caller = bearer_caller(self.server.store, self.headers.get("Authorization"))
+            answer = route.face(self.server, HttpRequest(self.command, url.path, url.query,
+                                                         self.headers, body, caller))
+            status, payload, headers, what = answer[:4]
+            agent = answer.agent or caller.name or "-"
+        except HTTPFailure as failure:
+            if failure.close:
+                self.close_connection = True
+            status, headers = failure.status, list(failure.headers)
+            if failure.json:
+                payload = json_bytes({"error": failure.message})
+            else:
+                payload = (failure.message + "\n").encode("utf-8", "replace")
+                headers.append(("Content-Type", "text/plain; charset=utf-8"))
+        self.send(status, payload, headers)
+        if not self.server.quiet:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+            millis = (time.monotonic() - started) * 1000
+            what = re.sub(r"[^!-~]", "?", str(what))[:80]   # one line, bounded
+            sys.stderr.write(f"{stamp} {log} {agent} {what} {status} {millis:.0f}ms\n")
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = handle_one_method
+
+    def read_body(self):
+        """Answer the request body, refusing one over the limit without reading it."""
+        if self.headers.get("Transfer-Encoding"):
+            raise HTTPFailure(411, "send the body with a Content-Length", close=True)
+        text = self.headers.get("Content-Length", "0").strip() or "0"
+        if not re.fullmatch(r"[0-9]{1,19}", text):
+            raise HTTPFailure(400, "Content-Length is not a number", close=True)
+        length = int(text)
+        if length > MAX_REQUEST_BODY:
+            raise HTTPFailure(413, f"the request body is over {MAX_REQUEST_BODY} bytes",
+                              close=True)
+        body = self.rfile.read(length) if length else b""
+        if len(body) < length:
+            raise HTTPFailure(400, "the request body ended early", close=True)
+        return body
+
+    def check_origin(self):
+        """Refuse a Host or Origin this server does not answer to (DNS rebinding)."""
+        allowed = self.server.allowed_hosts
+        host = (self.headers.get("Host") or "").strip().lower()
+        if allowed is not None and host and host not in allowed:
+            raise HTTPFailure(403, f"host {host[:100]!r} is not allowed here")
+        origin = (self.headers.get("Origin") or "").strip().lower()
+        if origin:
+            scheme, _, origin_host = origin.partition("://")
+            if scheme not in ("http", "https") or origin_host not in (
+                    allowed if allowed is not None else {host}):
+                raise HTTPFailure(403, f"origin {origin[:100]!r} is not allowed here")
+
+
+    def send(self, status, payload, headers):
+        """Write one whole answer in a single write, then wait for the next request."""
+        lines = [f"{self.protocol_version} {status} {self.responses.get(status, ('',))[0]}",
+                 f"Server: {self.server_version}", f"Date: {self.date_time_string()}",
+                 f"Content-Length: {len(payload)}"]
+        if payload and not any(key == "Content-Type" for key, _ in headers):
+            lines.append("Content-Type: application/json; charset=utf-8")
+        lines += [f"{key}: {value}" for key, value in headers]
+        if self.close_connection:
+            lines.append("Connection: close")
+        self.server.watch(self.connection, self.server.send_timeout)
+        self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload)
+        self.server.watch(self.connection, self.server.idle_timeout)
+
+    def log_message(self, format, *args):
+        """Stay quiet: handle_one_method logs one line per request itself."""
+
+
+class Server:
+    """The listening side: mixed into ThreadingHTTPServer by make_server().
+
+    A watchdog thread closes connections that stay too long in one state (idle,
+    sending a request, taking an answer), so idle and slow clients cost a
+    sleeping thread each, never the others' service; past max_connections a new
+    connection gets 503 at once. Every setting below can be given to
+    make_server() for one server.
+    """
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128    # the stdlib's 5 resets connections in a burst
+    idle_timeout = 30           # seconds a keep-alive connection may wait for its next request
+    request_timeout = 10        # seconds a client has to send a whole request, once begun
+    send_timeout = 30           # seconds an answer may take to be taken by a slow reader
+    reap_interval = 0.5         # how often the watchdog looks for connections past their time
+    max_connections = 512       # open connections; more get 503 at once
+    quiet = False               # log no requests
+    public_url = None           # the base URL clients reach, for the agent card
+    a2a_guest = None            # the agent A2A requests without a token act as
+    a2a_block = A2A_DEFAULT_BLOCK   # longest hold of a blocking SendMessage, seconds
+    allowed_hosts = None        # Host values answered (None: any)
+
+    def __init__(self, address, handler, store, **settings):
+        for name, value in settings.items():
+            if not hasattr(Server, name) or name.startswith("_"):
+                raise TypeError(f"no server setting {name!r}")
+            setattr(self, name, value)
+        self.store = store
+        self.deadlines, self.open_connections = {}, set()
+        self.watch_lock = threading.Lock()
+        self.watchdog_stop = threading.Event()
+        super().__init__(address, handler)
+
+    def start_watchdog(self):
+        """Start the thread that closes connections past their time."""
+        threading.Thread(target=self._reap, name="agora-watchdog", daemon=True).start()
+
+    def watch(self, connection, seconds, opened=False, closed=False):
+        """Close CONNECTION unless it moves on within SECONDS (None: no limit)."""
+        with self.watch_lock:
+            if opened:
+                self.open_connections.add(connection)
+            if closed:
+                self.open_connections.discard(connection)
+            if seconds is None:
+                self.deadlines.pop(connection, None)
+            else:
+                self.deadlines[connection] = time.monotonic() + seconds
+
+    def _reap(self):
+        import socket
+        while not self.watchdog_stop.wait(self.reap_interval):
+            now = time.monotonic()
+            with self.watch_lock:
+                late = [conn for conn, deadline in self.deadlines.items() if deadline <= now]
+                for conn in late:
+                    del self.deadlines[conn]
+            for conn in late:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)     # wakes the thread blocked on it
+                except OSError:
+                    pass
+
+    def process_request(self, request, client_address):
+        """Serve a connection in a thread, or refuse it at once past the cap."""
+        with self.watch_lock:
+            full = len(self.open_connections) >= self.max_connections
+        if full:
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                                b"Connection: close\r\nRetry-After: 1\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def server_close(self):
+        """Stop the watchdog and close the listening socket."""
+        self.watchdog_stop.set()
+        super().server_close()
+
+    def handle_error(self, request, client_address):
+        """Ignore clients that hang up or time out; log anything else."""
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
+
+
+def is_loopback(host):
+    """Answer whether HOST names this machine only."""
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_hosts(host, port, extra=()):
+    """Answer the Host values a server on HOST:PORT answers to (None: any).
+
+    On loopback: localhost, 127.0.0.1 and [::1] with the port, and the EXTRA
+    names; elsewhere only the EXTRA names, or any Host when there are none.
+    """
+    names = {name.lower() for name in extra}
+    if is_loopback(host):
+        names |= {"localhost", "127.0.0.1", "[::1]"}
+    if not names:
+        return None
+    with_port = {name if ":" in name and not name.endswith("]") else f"{name}:{port}"
+                 for name in names}
+    return with_port | names if port == 80 else with_port
+
+
+def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **settings):
+    """Answer a bound (not yet serving) HTTP server for STORE.
+
+    ALLOW_HOSTS adds Host names to answer to; SETTINGS are Server's (quiet,
+    public_url, a2a_guest, a2a_block, the timeouts and max_connections).
+    """
+    import socket
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    handler = type("AgoraRequestHandler", (RequestHandler, BaseHTTPRequestHandler), {})
+    server_class = type("AgoraServer", (Server, ThreadingHTTPServer), {
+        "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
+    server = server_class((host.strip("[]"), port), handler, store, **settings)
+    server.allowed_hosts = allowed_hosts(host, server.server_address[1], allow_hosts)
+    server.start_watchdog()
+    return server
+
+
+def serve(store, host, port, **options):
+    """Serve HTTP until SIGTERM or Ctrl-C, then close cleanly; answer the exit status.
+
+    OPTIONS are make_server's.
+    """
+    import signal
+    server = make_server(store, host, port, **options)
+    shown = f"[{host.strip('[]')}]" if ":" in host else host
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        # Announced only once a stop signal is handled: a script may send one at once.
+        print(f"agora {__version__} listening on http://{shown}:{server.server_address[1]} "
+              f"(db {store.path})", flush=True)
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        store.close()
+    return 0
+
+
+###############################################################################
+# MCP over stdio ##############################################################
+###############################################################################
+
+STDIO_EXIT_GRACE = 2.0      # seconds calls still running at end of input may finish
+
+
+def serve_stdio(answer, stdin, stdout):
+    """Speak MCP on binary streams, one JSON message per line; answer 0 at end of input.
+
+    ANSWER(line) gives the reply to one message (None for none). Each message is
+    answered in its own thread, so a long read wait=... never holds up a ping or
+    another call arriving on the same input.
+    """
+    write_lock = threading.Lock()
+    running = []
+
+    def write(message):
+        line = json_bytes(message) + b"\n"
+        with write_lock:
+            stdout.write(line)
+            stdout.flush()
+
+    def reply(line):
+        message = answer(line)
+        if message is not None:
+            write(message)
+
+    while True:
+        line = stdin.readline(MAX_REQUEST_BODY + 1)
+        if not line:
+            break
+        if len(line) > MAX_REQUEST_BODY and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):       # skip the rest of it
+                line = stdin.readline(MAX_REQUEST_BODY)
+            write(rpc_error(None, -32600, f"message over {MAX_REQUEST_BODY} bytes"))
+            continue
+        if not line.strip():
+            continue
+        worker = threading.Thread(target=reply, args=(line,), daemon=True)
+        worker.start()
+        running = [thread for thread in running if thread.is_alive()] + [worker]
+    deadline = time.monotonic() + STDIO_EXIT_GRACE
+    for thread in running:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return 0
+
+
+###############################################################################
+# Remote: the CLI and the stdio bridge against an agora server ################
+###############################################################################
+
+REMOTE_TIMEOUT = MAX_WAIT + 30   # seconds: longer than the longest read wait
+
+
+def http_post(url, data, headers):
+    """POST DATA to URL; answer (status, content type, body). Raise Unreachable.
+
+    https:// URLs are checked against the system's trust store.
+    """
+    import urllib.error
+    import urllib.request
+    try:
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+        with urllib.request.urlopen(request, timeout=REMOTE_TIMEOUT) as response:
+            return response.status, response.headers.get("Content-Type", ""), response.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.headers.get("Content-Type", ""), error.read()
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", None) or error
+        raise Unreachable(f"cannot reach agora at {url}: {reason}") from None
+
+
+def remote_call(url, token, name, args, want_json):
+    """Run operation NAME on the agora at URL; answer (status, text or JSON body)."""
+    headers = {"Content-Type": "application/json",
+               "Accept": "application/json" if want_json else "text/plain"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    status, kind, body = http_post(f"{url.rstrip('/')}/api/{name}", json_bytes(args), headers)
+    text = body.decode("utf-8", "replace").strip()
+    if kind.startswith("application/json"):
+        try:
+            answer = parse_json(body)
+        except ValueError:
+            answer = {"error": text[:200]}
+        if status >= 400 and isinstance(answer, dict) and "error" in answer:
+            hint = answer.get("hint")
+            return status, answer["error"] + (f" — {hint}" if hint else "")
+        return status, answer
+    if not kind.startswith("text/plain"):
+        text = f"{url} answered HTTP {status} ({kind or 'no content type'}), not agora"
+    return status, text
+
+
+def bridge_answer(url, token):
+    """Answer a function that forwards one MCP message to the agora at URL's /mcp."""
+    endpoint = url.rstrip("/") + "/mcp"
+
+    def forward(line):
+        try:
+            message = parse_json(line)
+        except ValueError as e:
+            return rpc_error(None, -32700, f"Parse error: {e}")
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if not isinstance(message, dict):
+            message = {}
+        request_id = message.get("id")
+        headers.update(stateless_headers(message.get("method"), message.get("params")) or {})
+        try:
+            status, kind, body = http_post(endpoint, line, headers)
+        except Unreachable as error:
+            if request_id is None:
+                return None
+            return rpc_error(request_id, -32603, error.message)
+        if not body.strip():
+            return None
+        try:
+            return parse_json(body)
+        except ValueError:
+            return rpc_error(request_id, -32603, f"{endpoint} answered HTTP {status} "
+                                                  "without JSON")
+    return forward
+
+
+###############################################################################
+# Command line ################################################################
+###############################################################################
+
+def ops_markdown():
+    """Answer the operations table of README.md, generated from the catalog."""
+    lines = ["| op | arguments | what it does |", "|---|---|---|"]
+    for op in CATALOG.values():
+        flags = [flag for flag, on in (("ro", op.readonly), ("open", op.open)) if on]
+        shown = f"`{op.name}`" + (f" ({', '.join(flags)})" if flags else "")
+        arguments = ", ".join(f"`{word}`" for word in op.usage().split()) or "—"
+        lines.append(f"| {shown} | {arguments} | {op.summary} |")
+    return "\n".join(lines) + "\n"
+
+
+def default_db_path():
+    """Answer $AGORA_DB, else ~/.agora/agora.db (creating its folder)."""
+    path = os.environ.get("AGORA_DB")
+    if path:
+        return path
+    folder = os.path.join(os.path.expanduser("~"), ".agora")
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, "agora.db")
+
+
+def _parse_address(text):
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
+        raise ValueError(f"--addr must be HOST:PORT with a port up to 65535, not {text!r}")
+    return host, int(port)
+
+
+def _command_word(argv):
+    """Answer the command named in ARGV (the first word that is no option), or None."""
+    words = iter(argv)
+    for word in words:
+        if word == "--db":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def _build_parser(command=None):
+    """Answer the argument parser; for an operation, with that operation's parser only.
+
+    Building all of them costs milliseconds that a one-shot command would
+    spend for nothing; the full set is built for help and for unknown words.
+    """
+    import argparse
+    parser = argparse.ArgumentParser(
+        prog="agora", description="Where AI agents meet: channels, mail, tasks and notes.",
+        epilog="Run 'agora ops' to list the operations, 'agora OP -h' for one of them.")
+    parser.add_argument("--version", action="version", version=f"agora {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", default=argparse.SUPPRESS,
+                        help="the database file (default $AGORA_DB or ~/.agora/agora.db)")
+    parser.add_argument("--db", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve_parser = commands.add_parser("serve", parents=[common], help="serve HTTP (REST)")
+    serve_parser.add_argument("--addr", default=f"127.0.0.1:{DEFAULT_PORT}",
+                              help="HOST:PORT to listen on; port 0 picks a free one")
+    serve_parser.add_argument("--join-key", default=os.environ.get("AGORA_JOIN_KEY"),
+                              help="the key join must present (default $AGORA_JOIN_KEY)")
+    serve_parser.add_argument("--open", action="store_true",
+                              help="allow a non-loopback address without a join key")
+    serve_parser.add_argument("--allow-host", action="append", default=[], metavar="HOST",
+                              help="also answer to this Host (repeatable)")
+    serve_parser.add_argument("--quiet", action="store_true", help="log no requests")
+    serve_parser.add_argument("--public-url", metavar="URL",
+                              help="the base URL clients reach, for the A2A agent card "
+                                   "(default: the request's Host)")
+    serve_parser.add_argument("--a2a-guest", metavar="NAME",
+                              help="let A2A requests without a token act as agent NAME")
+    serve_parser.add_argument("--a2a-block", type=int, default=A2A_DEFAULT_BLOCK,
+                              metavar="SECONDS", help="longest wait of a blocking A2A "
+                              f"SendMessage (default {A2A_DEFAULT_BLOCK})")
+    remote = argparse.ArgumentParser(add_help=False)
+    remote.add_argument("--url", default=os.environ.get("AGORA_URL"),
+                        help="a remote agora to use instead of the file (default $AGORA_URL)")
+    remote.add_argument("--token", default=os.environ.get("AGORA_TOKEN"),
+                        help="the bearer token for --url (default $AGORA_TOKEN)")
+    stdio_parser = commands.add_parser("stdio", parents=[common, remote],
+                                       help="speak MCP on stdin/stdout as one agent "
+                                            "(with --url: a bridge to a remote agora)")
+    stdio_parser.add_argument("--as", dest="as_name", metavar="NAME",
+                              help="act as this agent on the local file (default $AGORA_AS)")
+    ops_parser = commands.add_parser("ops", parents=[common], help="list the operations")
+    ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
+    identity = argparse.ArgumentParser(add_help=False)
+    identity.add_argument("--as", dest="as_name", metavar="NAME",
+                          help="act as this agent on the local file (default $AGORA_AS)")
+    identity.add_argument("--json", action="store_true", help="print the JSON body")
+    for op in [CATALOG[command]] if command in CATALOG else CATALOG.values():
+        sub = commands.add_parser(op.name, parents=[common, identity, remote], help=op.summary,
+                                  description=f"{op.summary}\narguments: {op.usage()}")
+        sub.add_argument("pairs", nargs="*", metavar="key=value")
+    return parser
+
+
+def _identity(options):
+    """Answer the local name to act as, or None; refuse --as together with --url.
+
+    Over --url the token says who the caller is, so a name given with --as
+    would be silently ignored: that is refused instead. $AGORA_AS only counts
+    for the local file.
+    """
+    if options.url:
+        if options.as_name:
+            raise ValueError("--as names a local identity; with --url the token says who "
+                             "you are")
+        return None
+    return options.as_name or os.environ.get("AGORA_AS") or None
+
+
+def _run_op(name, options):
+    try:
+        as_name = _identity(options)
+    except ValueError as e:
+        print(f"agora: {e}", file=sys.stderr)
+        return 2
+    args = {}
+    for pair in options.pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            print(f"agora: expected key=value, got {pair!r}", file=sys.stderr)
+            return 2
+        args[key] = sys.stdin.read().rstrip("\n") if value == "-" else value
+    if options.url:
+        status, answer = remote_call(options.url, options.token, name, args, options.json)
+        if status == 401:
+            answer = f"the server refused the token (401): {answer}"
+    else:
+        if name != "join" and not as_name:
+            print(f"agora: {name} needs --as NAME (or $AGORA_AS), or --url and --token",
+                  file=sys.stderr)
+            return 2
+        store = Store(getattr(options, "db", None) or default_db_path())
+        try:
+            result = call(store, name, args, Caller(as_name, True))
+            status, answer = result.status, result.body if options.json else result.text
+        except AgoraError as error:
+            status, answer = error.status, error.text
+        finally:
+            store.close()
+    if status >= 400:
+        print(f"agora: {answer}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer, ensure_ascii=False, indent=2) if options.json else answer)
+    return 0
+
+
+def _print_ops(markdown):
+    if markdown:
+        sys.stdout.write(ops_markdown())
+        return
+    for op in CATALOG.values():
+        flags = " (read-only)" if op.readonly else ""
+        print(f"{op.name} {op.usage()}{flags}\n    {op.summary}")
+
+
+def _stdio_command(options):
+    try:
+        as_name = _identity(options)
+    except ValueError as e:
+        print(f"agora: {e}", file=sys.stderr)
+        return 2
+    protocol_out, sys.stdout = sys.stdout, sys.stderr   # stray prints must not reach stdout
+    try:
+        if options.url:
+            return serve_stdio(bridge_answer(options.url, options.token), sys.stdin.buffer,
+                               protocol_out.buffer)
+        if not as_name:
+            print("agora: stdio needs --as NAME (or $AGORA_AS), or --url and --token",
+                  file=sys.stderr)
+            return 2
+        store = Store(getattr(options, "db", None) or default_db_path())
+        try:
+            ensure_local_agent(store, as_name, int(time.time()))
+            caller = Caller(as_name, True)
+            endpoint = McpEndpoint(store, caller)
+            return serve_stdio(lambda line: endpoint.answer(line).message,
+                               sys.stdin.buffer, protocol_out.buffer)
+        except AgoraError as error:
+            print(f"agora: {error.message}", file=sys.stderr)
+            return 2
+        finally:
+            store.close()
+    finally:
+        sys.stdout = protocol_out
+
+
+def _serve_command(options):
+    try:
+        host, port = _parse_address(options.addr)
+    except ValueError as e:
+        print(f"agora: {e}", file=sys.stderr)
+        return 2
+    if not is_loopback(host) and not options.join_key and not options.open:
+        print(f"agora: refusing to serve on {host} without a join key: anyone who can reach "
+              "it could join. Pass --join-key KEY (or set $AGORA_JOIN_KEY), or --open.",
+              file=sys.stderr)
+        return 2
+    store = Store(getattr(options, "db", None) or default_db_path(),
+                  join_key=options.join_key)
+    if options.a2a_guest:
+        try:
+            ensure_local_agent(store, options.a2a_guest, int(time.time()))
+        except AgoraError as error:
+            store.close()
+            print(f"agora: --a2a-guest: {error.message}", file=sys.stderr)
+            return 2
+    try:
+        return serve(store, host, port, allow_hosts=options.allow_host, quiet=options.quiet,
+                     public_url=options.public_url, a2a_guest=options.a2a_guest,
+                     a2a_block=max(0, options.a2a_block))
+    except OSError as error:
+        store.close()
+        print(f"agora: cannot listen on {host}:{port}: {error.strerror or error}",
+              file=sys.stderr)
+        return 1
+
+
+def main(argv=None):
+    """Run the command line; answer the exit status (0 ok, 1 refused, 2 usage)."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _build_parser(_command_word(argv))
+    try:
+        options = parser.parse_args(argv)
+    except SystemExit as exit:
+        return exit.code
+    try:
+        if options.command == "serve":
+            return _serve_command(options)
+        if options.command == "stdio":
+            return _stdio_command(options)
+        if options.command == "ops":
+            _print_ops(options.markdown)
+            return 0
+        if options.command in CATALOG:
+            return _run_op(options.command, options)
+        parser.print_help(sys.stderr)
+        return 2
+    except (StoreError, Unreachable) as error:
+        print(f"agora: {error.message}", file=sys.stderr)
+        return 1
+
+
+###############################################################################
+# Web: the page where people watch and join in (inert data, last) #############
 ###############################################################################
 
 WEB_STYLE = """
@@ -2884,830 +3838,6 @@ def web_page():
                   "frame-ancestors 'none'")
         web_page.built = (page.encode("utf-8"), policy)
     return web_page.built
-
-
-###############################################################################
-# HTTP: REST, MCP, A2A and the page ##########################################
-###############################################################################
-
-IDLE_TIMEOUT = 30           # seconds a keep-alive connection may wait for its next request
-REQUEST_TIMEOUT = 10        # seconds a client has to send a whole request, once begun
-SEND_TIMEOUT = 30           # seconds an answer may take to be taken by a slow reader
-REAP_INTERVAL = 0.5         # how often the watchdog looks for connections past their time
-MAX_CONNECTIONS = 512       # open connections; more get 503 at once
-MAX_HEADER_BYTES = 16384    # request headers in all
-
-
-def catalog_json():
-    """Answer the catalog as GET /api serves it: every op with its schema."""
-    return {"agora": __version__, "ops": [
-        {"name": op.name, "description": op.summary, "readonly": op.readonly,
-         "open": op.open, "methods": ["GET", "POST"] if op.readonly else ["POST"],
-         "path": f"/api/{op.name}", "schema": op.schema} for op in CATALOG.values()]}
-
-
-class HTTPFailure(Exception):
-    """An answer decided before any operation ran (bad framing, 404, 405, 413)."""
-
-    def __init__(self, status, message, headers=(), close=False):
-        super().__init__(message)
-        self.status, self.message, self.headers, self.close = status, message, headers, close
-
-
-class RequestHandler:
-    """The HTTP faces: REST /api, MCP /mcp, A2A /a2a, the page at /; mixed into
-    BaseHTTPRequestHandler.
-
-    Kept free of http.server at import time so one-shot CLI calls stay fast;
-    make_server() composes the real handler class when a server is wanted.
-    """
-
-    server_version = f"agora/{__version__}"
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True      # else Nagle + delayed ACK add ~40 ms per answer
-    # Errors http.server answers itself (bad request line, 414, 431, 501): plain text.
-    error_content_type = "text/plain; charset=utf-8"
-    error_message_format = "%(code)d %(message)s\n"
-    # No socket timeout: it turns every read and write into two system calls. The
-    # server's watchdog closes connections that idle, send slowly or stall instead.
-    timeout = None
-
-    def setup(self):
-        """Register the connection with the watchdog, idle until a request begins."""
-        super().setup()
-        self.server.watch(self.connection, IDLE_TIMEOUT, opened=True)
-
-    def finish(self):
-        """Forget the connection."""
-        try:
-            super().finish()
-        finally:
-            self.server.watch(self.connection, None, closed=True)
-
-    def parse_request(self):
-        """Give the request REQUEST_TIMEOUT to arrive whole; refuse oversized headers."""
-        self.server.watch(self.connection, REQUEST_TIMEOUT)
-        if not super().parse_request():
-            return False
-        if sum(len(key) + len(value) + 4 for key, value in self.headers.items()) > \
-                MAX_HEADER_BYTES:
-            self.close_connection = True
-            self.send_error(431, f"request headers over {MAX_HEADER_BYTES} bytes")
-            return False
-        return True
-
-    def do_GET(self):
-        """Answer a GET."""
-        self.handle_method("GET")
-
-    def do_POST(self):
-        """Answer a POST."""
-        self.handle_method("POST")
-
-    def do_PUT(self):
-        """Refuse a PUT."""
-        self.handle_method("PUT")
-
-    def do_DELETE(self):
-        """Refuse a DELETE."""
-        self.handle_method("DELETE")
-
-    def do_PATCH(self):
-        """Refuse a PATCH."""
-        self.handle_method("PATCH")
-
-    def handle_method(self, method):
-        """Read, route and answer one request, then log it."""
-        started = time.monotonic()
-        self.log_face, self.log_agent, self.log_what = "rest", "-", "-"
-        try:
-            body = self.read_body()
-            self.server.watch(self.connection, None)     # handling may wait (long polls)
-            status, payload, headers = self.route(method, body)
-        except HTTPFailure as failure:
-            if failure.close:
-                self.close_connection = True
-            status, headers = failure.status, list(failure.headers)
-            payload = json_bytes({"error": failure.message})
-        self.send(status, payload, headers)
-        if not self.server.quiet:
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-            millis = (time.monotonic() - started) * 1000
-            what = re.sub(r"[^!-~]", "?", str(self.log_what))[:80]   # one line, bounded
-            sys.stderr.write(f"{stamp} {self.log_face} {self.log_agent} {what} "
-                             f"{status} {millis:.0f}ms\n")
-
-    def read_body(self):
-        """Answer the request body, refusing one over the limit without reading it."""
-        if self.headers.get("Transfer-Encoding"):
-            raise HTTPFailure(411, "send the body with a Content-Length", close=True)
-        text = self.headers.get("Content-Length", "0").strip() or "0"
-        if not re.fullmatch(r"[0-9]{1,19}", text):
-            raise HTTPFailure(400, "Content-Length is not a number", close=True)
-        length = int(text)
-        if length > MAX_REQUEST_BODY:
-            raise HTTPFailure(413, f"the request body is over {MAX_REQUEST_BODY} bytes",
-                              close=True)
-        body = self.rfile.read(length) if length else b""
-        if len(body) < length:
-            raise HTTPFailure(400, "the request body ended early", close=True)
-        return body
-
-    def check_origin(self):
-        """Refuse a Host or Origin this server does not answer to (DNS rebinding)."""
-        allowed = self.server.allowed_hosts
-        host = (self.headers.get("Host") or "").strip().lower()
-        if allowed is not None and host and host not in allowed:
-            raise HTTPFailure(403, f"host {host[:100]!r} is not allowed here")
-        origin = (self.headers.get("Origin") or "").strip().lower()
-        if origin:
-            scheme, _, origin_host = origin.partition("://")
-            if scheme not in ("http", "https") or origin_host not in (
-                    allowed if allowed is not None else {host}):
-                raise HTTPFailure(403, f"origin {origin[:100]!r} is not allowed here")
-
-    def route(self, method, body):
-        """Answer (status, payload bytes, headers) for one request."""
-        from urllib.parse import urlsplit
-        url = urlsplit(self.path)
-        if url.path in ("/mcp", "/mcp/"):
-            return self.route_mcp(method, body)
-        if url.path in ("/a2a", "/a2a/"):
-            return self.route_a2a(method, body)
-        if url.path in ("/.well-known/agent-card.json", "/.well-known/agent.json"):
-            return self.route_agent_card(method)
-        if url.path == "/":
-            return self.route_page(method)
-        if url.path == "/api" or url.path.startswith("/api/"):
-            return self.route_api(method, url, body)
-        return 404, f"not found: {url.path[:200]} (agora serves /, /api, /mcp and /a2a)\n".encode(
-            "utf-8", "replace"), [("Content-Type", "text/plain; charset=utf-8")]
-
-    @staticmethod
-    def only(method, allowed, refusal):
-        """Refuse METHOD with 405 (and an Allow header) unless it is ALLOWED."""
-        if method != allowed:
-            raise HTTPFailure(405, refusal, headers=[("Allow", allowed)])
-
-    def route_api(self, method, url, body):
-        """Answer a REST request: GET /api, or one operation at /api/<op>."""
-        from urllib.parse import parse_qsl
-        self.check_origin()
-        if url.path in ("/api", "/api/"):
-            self.only(method, "GET", "GET /api lists the operations")
-            self.log_what = "catalog"
-            return 200, json_bytes(catalog_json()), []
-        name = url.path[len("/api/"):]
-        op = CATALOG.get(name)
-        if op is None:
-            raise HTTPFailure(404, f"no operation {name[:60]!r}; GET /api lists them")
-        self.log_what = name
-        allow = "GET, POST" if op.readonly else "POST"
-        if method == "GET" and op.readonly:
-            args = dict(parse_qsl(url.query, keep_blank_values=True))
-        elif method == "POST":
-            args = self.parse_arguments(body)
-        else:
-            raise HTTPFailure(405, f"{name} takes {allow}", headers=[("Allow", allow)])
-        result = call(self.server.store, name, args, self.caller())
-        headers = self.challenge(result.status)
-        if self.wants_text():
-            headers.append(("Content-Type", "text/plain; charset=utf-8"))
-            return result.status, (result.text + "\n").encode("utf-8", "replace"), headers
-        return result.status, json_bytes(result.body), headers
-
-    def route_mcp(self, method, body):
-        """Answer one MCP message over Streamable HTTP (stateless: no sessions)."""
-        self.log_face = "mcp"
-        # Decided before any header: there is no server-initiated stream.
-        self.only(method, "POST", "POST one JSON-RPC message to /mcp")
-        self.check_origin()
-        reply = mcp_handle(self.server.store, body, self.caller(), self.headers)
-        self.log_what = reply.label
-        headers = self.challenge(reply.status)
-        if reply.message is None:
-            return reply.status, b"", headers
-        payload = json_bytes(reply.message)
-        if self.wants_event_stream():
-            headers.append(("Content-Type", "text/event-stream"))
-            payload = b"event: message\ndata: " + payload + b"\n\n"
-        return reply.status, payload, headers
-
-    def route_a2a(self, method, body):
-        """Answer one A2A JSON-RPC message: the task board as an agent."""
-        self.log_face = "a2a"
-        self.only(method, "POST", "POST A2A JSON-RPC messages to /a2a")
-        self.check_origin()
-        caller = self.caller()
-        if caller.name is None and caller.token is None and self.server.a2a_guest:
-            caller = Caller(self.server.a2a_guest, True)
-            self.log_agent = caller.name
-        reply = a2a_handle(self.server.store, body, caller, self.headers,
-                           self.server.a2a_block)
-        self.log_what = reply.label
-        if reply.message is None:
-            return reply.status, b"", []
-        return reply.status, json_bytes(reply.message), self.challenge(reply.status)
-
-    def route_agent_card(self, method):
-        """Answer the agent card, with an ETag and caching headers."""
-        self.log_face, self.log_what = "a2a", "agent-card"
-        self.only(method, "GET", "GET the agent card")
-        self.check_origin()
-        base = self.server.public_url or "http://" + (
-            self.headers.get("Host") or "%s:%s" % self.server.server_address[:2])
-        payload = json_bytes(agent_card(base))
-        etag = '"' + hashlib.sha256(payload).hexdigest()[:32] + '"'
-        headers = [("ETag", etag), ("Cache-Control", "public, max-age=300")]
-        if etag in (self.headers.get("If-None-Match") or ""):
-            return 304, b"", headers
-        return 200, payload, headers
-
-    def route_page(self, method):
-        """Answer the web page: a client of /api like any other."""
-        self.log_face, self.log_what = "web", "page"
-        self.only(method, "GET", "GET the page")
-        self.check_origin()
-        page, policy = web_page()
-        return 200, page, [("Content-Type", "text/html; charset=utf-8"),
-                           ("Content-Security-Policy", policy), ("Cache-Control", "no-cache"),
-                           ("X-Content-Type-Options", "nosniff"),
-                           ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY")]
-
-    def wants_text(self):
-        """Answer whether the client asks for the text answer rather than JSON."""
-        accept = (self.headers.get("Accept") or "").lower()
-        return "text/plain" in accept and "application/json" not in accept
-
-    def wants_event_stream(self):
-        """Answer whether the client accepts only text/event-stream, not JSON."""
-        accepted = {part.split(";")[0].strip().lower()
-                    for part in (self.headers.get("Accept") or "").split(",")}
-        return ("text/event-stream" in accepted and not
-                accepted & {"application/json", "application/*", "*/*"})
-
-    @staticmethod
-    def challenge(status):
-        """Answer the headers a 401 must carry (none otherwise)."""
-        return [("WWW-Authenticate", 'Bearer realm="agora"')] if status == 401 else []
-
-    @staticmethod
-    def parse_arguments(body):
-        """Answer the JSON object in BODY (empty means no arguments)."""
-        if not body.strip():
-            return {}
-        try:
-            args = parse_json(body)
-        except ValueError as e:
-            raise HTTPFailure(400, f"the body is not valid JSON: {e}") from None
-        if not isinstance(args, dict):
-            raise HTTPFailure(400, "the body must be a JSON object of arguments")
-        return args
-
-    def caller(self):
-        """Answer the remote caller this request's bearer token names."""
-        caller = bearer_caller(self.server.store, self.headers.get("Authorization"))
-        self.log_agent = caller.name or "-"
-        return caller
-
-    def send(self, status, payload, headers):
-        """Write one whole answer in a single write, then wait for the next request."""
-        lines = [f"{self.protocol_version} {status} {self.responses.get(status, ('',))[0]}",
-                 f"Server: {self.server_version}", f"Date: {self.date_time_string()}",
-                 f"Content-Length: {len(payload)}"]
-        if payload and not any(key == "Content-Type" for key, _ in headers):
-            lines.append("Content-Type: application/json; charset=utf-8")
-        lines += [f"{key}: {value}" for key, value in headers]
-        if self.close_connection:
-            lines.append("Connection: close")
-        self.server.watch(self.connection, SEND_TIMEOUT)
-        self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload)
-        self.server.watch(self.connection, IDLE_TIMEOUT)
-
-    def log_message(self, format, *args):
-        """Stay quiet: handle_method logs one line per request itself."""
-
-
-class Server:
-    """The listening side: mixed into ThreadingHTTPServer by make_server().
-
-    A watchdog thread closes connections that stay too long in one state (idle,
-    sending a request, taking an answer), so idle and slow clients cost a
-    sleeping thread each, never the others' service; past MAX_CONNECTIONS a new
-    connection gets 503 at once.
-    """
-
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128            # the stdlib's 5 resets connections in a burst
-
-    def __init__(self, *args, **kwargs):
-        self.deadlines, self.open_connections = {}, set()
-        self.watch_lock = threading.Lock()
-        self.watchdog_stop = threading.Event()
-        super().__init__(*args, **kwargs)
-
-    def start_watchdog(self):
-        """Start the thread that closes connections past their time."""
-        threading.Thread(target=self._reap, name="agora-watchdog", daemon=True).start()
-
-    def watch(self, connection, seconds, opened=False, closed=False):
-        """Close CONNECTION unless it moves on within SECONDS (None: no limit)."""
-        with self.watch_lock:
-            if opened:
-                self.open_connections.add(connection)
-            if closed:
-                self.open_connections.discard(connection)
-            if seconds is None:
-                self.deadlines.pop(connection, None)
-            else:
-                self.deadlines[connection] = time.monotonic() + seconds
-
-    def _reap(self):
-        import socket
-        while not self.watchdog_stop.wait(REAP_INTERVAL):
-            now = time.monotonic()
-            with self.watch_lock:
-                late = [conn for conn, deadline in self.deadlines.items() if deadline <= now]
-                for conn in late:
-                    del self.deadlines[conn]
-            for conn in late:
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)     # wakes the thread blocked on it
-                except OSError:
-                    pass
-
-    def process_request(self, request, client_address):
-        """Serve a connection in a thread, or refuse it at once past the cap."""
-        with self.watch_lock:
-            full = len(self.open_connections) >= MAX_CONNECTIONS
-        if full:
-            try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                                b"Connection: close\r\nRetry-After: 1\r\n\r\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def server_close(self):
-        """Stop the watchdog and close the listening socket."""
-        self.watchdog_stop.set()
-        super().server_close()
-
-    def handle_error(self, request, client_address):
-        """Ignore clients that hang up or time out; log anything else."""
-        if isinstance(sys.exc_info()[1], OSError):
-            return
-        super().handle_error(request, client_address)
-
-
-def is_loopback(host):
-    """Answer whether HOST names this machine only."""
-    import ipaddress
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), quiet=False,
-                public_url=None, a2a_guest=None, a2a_block=A2A_DEFAULT_BLOCK):
-    """Answer a bound (not yet serving) HTTP server for STORE.
-
-    PUBLIC_URL is the base URL clients reach (for the agent card); A2A_GUEST
-    names the agent that A2A requests without a token act as (off when None);
-    A2A_BLOCK caps how long a blocking SendMessage waits.
-    """
-    import socket
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-    handler = type("AgoraRequestHandler", (RequestHandler, BaseHTTPRequestHandler), {})
-    server_class = type("AgoraServer", (Server, ThreadingHTTPServer), {
-        "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
-    server = server_class((host.strip("[]"), port), handler)
-    server.start_watchdog()
-    server.store, server.quiet = store, quiet
-    server.public_url, server.a2a_guest, server.a2a_block = public_url, a2a_guest, a2a_block
-    port = server.server_address[1]
-    names = {name.lower() for name in allow_hosts}
-    if is_loopback(host):
-        names |= {"localhost", "127.0.0.1", "[::1]"}
-    if names:
-        server.allowed_hosts = {f"{name}:{port}" for name in names if ":" not in name
-                                or name.endswith("]")} | {n for n in names if ":" in n
-                                                          and not n.endswith("]")}
-        if port == 80:
-            server.allowed_hosts |= names
-    else:
-        server.allowed_hosts = None
-    return server
-
-
-def serve(store, host, port, **options):
-    """Serve HTTP until SIGTERM or Ctrl-C, then close cleanly; answer the exit status.
-
-    OPTIONS are make_server's.
-    """
-    import signal
-    server = make_server(store, host, port, **options)
-    shown = f"[{host.strip('[]')}]" if ":" in host else host
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        # Announced only once a stop signal is handled: a script may send one at once.
-        print(f"agora {__version__} listening on http://{shown}:{server.server_address[1]} "
-              f"(db {store.path})", flush=True)
-        server.serve_forever(poll_interval=0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-        store.close()
-    return 0
-
-
-###############################################################################
-# MCP over stdio ##############################################################
-###############################################################################
-
-STDIO_EXIT_GRACE = 2.0      # seconds calls still running at end of input may finish
-
-
-def serve_stdio(answer, stdin, stdout):
-    """Speak MCP on binary streams, one JSON message per line; answer 0 at end of input.
-
-    ANSWER(line) gives the reply to one message (None for none). Each message is
-    answered in its own thread, so a long read wait=... never holds up a ping or
-    another call arriving on the same input.
-    """
-    write_lock = threading.Lock()
-    running = []
-
-    def write(message):
-        line = json_bytes(message) + b"\n"
-        with write_lock:
-            stdout.write(line)
-            stdout.flush()
-
-    def reply(line):
-        message = answer(line)
-        if message is not None:
-            write(message)
-
-    while True:
-        line = stdin.readline(MAX_REQUEST_BODY + 1)
-        if not line:
-            break
-        if len(line) > MAX_REQUEST_BODY and not line.endswith(b"\n"):
-            while line and not line.endswith(b"\n"):       # skip the rest of it
-                line = stdin.readline(MAX_REQUEST_BODY)
-            write(_rpc_error(None, -32600, f"message over {MAX_REQUEST_BODY} bytes"))
-            continue
-        if not line.strip():
-            continue
-        worker = threading.Thread(target=reply, args=(line,), daemon=True)
-        worker.start()
-        running = [thread for thread in running if thread.is_alive()] + [worker]
-    deadline = time.monotonic() + STDIO_EXIT_GRACE
-    for thread in running:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    return 0
-
-
-###############################################################################
-# Remote: the CLI and the stdio bridge against an agora server ################
-###############################################################################
-
-REMOTE_TIMEOUT = 90         # seconds; longer than the longest read wait (60)
-
-
-def http_post(url, data, headers):
-    """POST DATA to URL; answer (status, content type, body). Raise Unreachable.
-
-    https:// URLs are checked against the system's trust store.
-    """
-    import urllib.error
-    import urllib.request
-    try:
-        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
-        with urllib.request.urlopen(request, timeout=REMOTE_TIMEOUT) as response:
-            return response.status, response.headers.get("Content-Type", ""), response.read()
-    except urllib.error.HTTPError as error:
-        with error:
-            return error.code, error.headers.get("Content-Type", ""), error.read()
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        reason = getattr(error, "reason", None) or error
-        raise Unreachable(f"cannot reach agora at {url}: {reason}") from None
-
-
-def remote_call(url, token, name, args, want_json):
-    """Run operation NAME on the agora at URL; answer (status, text or JSON body)."""
-    headers = {"Content-Type": "application/json",
-               "Accept": "application/json" if want_json else "text/plain"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    status, kind, body = http_post(f"{url.rstrip('/')}/api/{name}", json_bytes(args), headers)
-    text = body.decode("utf-8", "replace").strip()
-    if kind.startswith("application/json"):
-        try:
-            answer = parse_json(body)
-        except ValueError:
-            answer = {"error": text[:200]}
-        if status >= 400 and isinstance(answer, dict) and "error" in answer:
-            hint = answer.get("hint")
-            return status, answer["error"] + (f" — {hint}" if hint else "")
-        return status, answer
-    if not kind.startswith("text/plain"):
-        text = f"{url} answered HTTP {status} ({kind or 'no content type'}), not agora"
-    return status, text
-
-
-def bridge_answer(url, token):
-    """Answer a function that forwards one MCP message to the agora at URL's /mcp."""
-    endpoint = url.rstrip("/") + "/mcp"
-
-    def forward(line):
-        try:
-            message = parse_json(line)
-        except ValueError as e:
-            return _rpc_error(None, -32700, f"Parse error: {e}")
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        request_id = message.get("id") if isinstance(message, dict) else None
-        params = message.get("params") if isinstance(message, dict) else None
-        meta = params.get("_meta") if isinstance(params, dict) else None
-        if isinstance(meta, dict) and isinstance(meta.get(MCP_META + "protocolVersion"), str):
-            # The stateless revision routes by headers that must repeat the body.
-            headers["MCP-Protocol-Version"] = meta[MCP_META + "protocolVersion"]
-            headers["Mcp-Method"] = str(message.get("method"))
-            if message.get("method") == "tools/call":
-                headers["Mcp-Name"] = str(params.get("name"))
-        try:
-            status, kind, body = http_post(endpoint, line, headers)
-        except Unreachable as error:
-            if request_id is None:
-                return None
-            return _rpc_error(request_id, -32603, error.message)
-        if not body.strip():
-            return None
-        try:
-            return parse_json(body)
-        except ValueError:
-            return _rpc_error(request_id, -32603, f"{endpoint} answered HTTP {status} "
-                                                  "without JSON")
-    return forward
-
-
-###############################################################################
-# Command line ################################################################
-###############################################################################
-
-def ops_markdown():
-    """Answer the operations table of README.md, generated from the catalog."""
-    lines = ["| op | arguments | what it does |", "|---|---|---|"]
-    for op in CATALOG.values():
-        flags = [flag for flag, on in (("ro", op.readonly), ("open", op.open)) if on]
-        shown = f"`{op.name}`" + (f" ({', '.join(flags)})" if flags else "")
-        arguments = ", ".join(f"`{word}`" for word in op.usage().split()) or "—"
-        lines.append(f"| {shown} | {arguments} | {op.summary} |")
-    return "\n".join(lines) + "\n"
-
-
-def default_db_path():
-    """Answer $AGORA_DB, else ~/.agora/agora.db (creating its folder)."""
-    path = os.environ.get("AGORA_DB")
-    if path:
-        return path
-    folder = os.path.join(os.path.expanduser("~"), ".agora")
-    os.makedirs(folder, exist_ok=True)
-    return os.path.join(folder, "agora.db")
-
-
-def _parse_address(text):
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
-        raise ValueError(f"--addr must be HOST:PORT with a port up to 65535, not {text!r}")
-    return host, int(port)
-
-
-def _command_word(argv):
-    """Answer the command named in ARGV (the first word that is no option), or None."""
-    words = iter(argv)
-    for word in words:
-        if word == "--db":
-            next(words, None)
-        elif not word.startswith("-"):
-            return word
-    return None
-
-
-def _build_parser(command=None):
-    """Answer the argument parser; for an operation, with that operation's parser only.
-
-    Building all of them costs milliseconds that a one-shot command would
-    spend for nothing; the full set is built for help and for unknown words.
-    """
-    import argparse
-    parser = argparse.ArgumentParser(
-        prog="agora", description="Where AI agents meet: channels, mail, tasks and notes.",
-        epilog="Run 'agora ops' to list the operations, 'agora OP -h' for one of them.")
-    parser.add_argument("--version", action="version", version=f"agora {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--db", default=argparse.SUPPRESS,
-                        help="the database file (default $AGORA_DB or ~/.agora/agora.db)")
-    parser.add_argument("--db", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    serve_parser = commands.add_parser("serve", parents=[common], help="serve HTTP (REST)")
-    serve_parser.add_argument("--addr", default=f"127.0.0.1:{DEFAULT_PORT}",
-                              help="HOST:PORT to listen on; port 0 picks a free one")
-    serve_parser.add_argument("--join-key", default=os.environ.get("AGORA_JOIN_KEY"),
-                              help="the key join must present (default $AGORA_JOIN_KEY)")
-    serve_parser.add_argument("--open", action="store_true",
-                              help="allow a non-loopback address without a join key")
-    serve_parser.add_argument("--allow-host", action="append", default=[], metavar="HOST",
-                              help="also answer to this Host (repeatable)")
-    serve_parser.add_argument("--quiet", action="store_true", help="log no requests")
-    serve_parser.add_argument("--public-url", metavar="URL",
-                              help="the base URL clients reach, for the A2A agent card "
-                                   "(default: the request's Host)")
-    serve_parser.add_argument("--a2a-guest", metavar="NAME",
-                              help="let A2A requests without a token act as agent NAME")
-    serve_parser.add_argument("--a2a-block", type=int, default=A2A_DEFAULT_BLOCK,
-                              metavar="SECONDS", help="longest wait of a blocking A2A "
-                              f"SendMessage (default {A2A_DEFAULT_BLOCK})")
-    remote = argparse.ArgumentParser(add_help=False)
-    remote.add_argument("--url", default=os.environ.get("AGORA_URL"),
-                        help="a remote agora to use instead of the file (default $AGORA_URL)")
-    remote.add_argument("--token", default=os.environ.get("AGORA_TOKEN"),
-                        help="the bearer token for --url (default $AGORA_TOKEN)")
-    stdio_parser = commands.add_parser("stdio", parents=[common, remote],
-                                       help="speak MCP on stdin/stdout as one agent "
-                                            "(with --url: a bridge to a remote agora)")
-    stdio_parser.add_argument("--as", dest="as_name", metavar="NAME",
-                              help="act as this agent on the local file (default $AGORA_AS)")
-    ops_parser = commands.add_parser("ops", parents=[common], help="list the operations")
-    ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
-    identity = argparse.ArgumentParser(add_help=False)
-    identity.add_argument("--as", dest="as_name", metavar="NAME",
-                          help="act as this agent on the local file (default $AGORA_AS)")
-    identity.add_argument("--json", action="store_true", help="print the JSON body")
-    for op in [CATALOG[command]] if command in CATALOG else CATALOG.values():
-        sub = commands.add_parser(op.name, parents=[common, identity, remote], help=op.summary,
-                                  description=f"{op.summary}\narguments: {op.usage()}")
-        sub.add_argument("pairs", nargs="*", metavar="key=value")
-    return parser
-
-
-def _identity(options):
-    """Answer the local name to act as, or None; refuse --as together with --url.
-
-    Over --url the token says who the caller is, so a name given with --as
-    would be silently ignored: that is refused instead. $AGORA_AS only counts
-    for the local file.
-    """
-    if options.url:
-        if options.as_name:
-            raise ValueError("--as names a local identity; with --url the token says who "
-                             "you are")
-        return None
-    return options.as_name or os.environ.get("AGORA_AS") or None
-
-
-def _run_op(name, options):
-    try:
-        as_name = _identity(options)
-    except ValueError as e:
-        print(f"agora: {e}", file=sys.stderr)
-        return 2
-    args = {}
-    for pair in options.pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            print(f"agora: expected key=value, got {pair!r}", file=sys.stderr)
-            return 2
-        args[key] = sys.stdin.read().rstrip("\n") if value == "-" else value
-    if options.url:
-        status, answer = remote_call(options.url, options.token, name, args, options.json)
-        if status == 401:
-            answer = f"the server refused the token (401): {answer}"
-    else:
-        if name != "join" and not as_name:
-            print(f"agora: {name} needs --as NAME (or $AGORA_AS), or --url and --token",
-                  file=sys.stderr)
-            return 2
-        store = Store(getattr(options, "db", None) or default_db_path())
-        try:
-            result = call(store, name, args, Caller(as_name, True))
-        finally:
-            store.close()
-        status = result.status
-        answer = result.text if status >= 400 or not options.json else result.body
-    if status >= 400:
-        print(f"agora: {answer}", file=sys.stderr)
-        return 1
-    print(json.dumps(answer, ensure_ascii=False, indent=2) if options.json else answer)
-    return 0
-
-
-def _print_ops(markdown):
-    if markdown:
-        sys.stdout.write(ops_markdown())
-        return
-    for op in CATALOG.values():
-        flags = " (read-only)" if op.readonly else ""
-        print(f"{op.name} {op.usage()}{flags}\n    {op.summary}")
-
-
-def _stdio_command(options):
-    try:
-        as_name = _identity(options)
-    except ValueError as e:
-        print(f"agora: {e}", file=sys.stderr)
-        return 2
-    protocol_out, sys.stdout = sys.stdout, sys.stderr   # stray prints must not reach stdout
-    try:
-        if options.url:
-            return serve_stdio(bridge_answer(options.url, options.token), sys.stdin.buffer,
-                               protocol_out.buffer)
-        if not as_name:
-            print("agora: stdio needs --as NAME (or $AGORA_AS), or --url and --token",
-                  file=sys.stderr)
-            return 2
-        store = Store(getattr(options, "db", None) or default_db_path())
-        try:
-            ensure_local_agent(store, as_name, int(time.time()))
-            caller = Caller(as_name, True)
-            return serve_stdio(lambda line: mcp_handle(store, line, caller).message,
-                               sys.stdin.buffer, protocol_out.buffer)
-        except AgoraError as error:
-            print(f"agora: {error.message}", file=sys.stderr)
-            return 2
-        finally:
-            store.close()
-    finally:
-        sys.stdout = protocol_out
-
-
-def _serve_command(options):
-    try:
-        host, port = _parse_address(options.addr)
-    except ValueError as e:
-        print(f"agora: {e}", file=sys.stderr)
-        return 2
-    if not is_loopback(host) and not options.join_key and not options.open:
-        print(f"agora: refusing to serve on {host} without a join key: anyone who can reach "
-              "it could join. Pass --join-key KEY (or set $AGORA_JOIN_KEY), or --open.",
-              file=sys.stderr)
-        return 2
-    store = Store(getattr(options, "db", None) or default_db_path(),
-                  join_key=options.join_key)
-    if options.a2a_guest:
-        try:
-            ensure_local_agent(store, options.a2a_guest, int(time.time()))
-        except AgoraError as error:
-            store.close()
-            print(f"agora: --a2a-guest: {error.message}", file=sys.stderr)
-            return 2
-    try:
-        return serve(store, host, port, allow_hosts=options.allow_host, quiet=options.quiet,
-                     public_url=options.public_url, a2a_guest=options.a2a_guest,
-                     a2a_block=max(0, options.a2a_block))
-    except OSError as error:
-        store.close()
-        print(f"agora: cannot listen on {host}:{port}: {error.strerror or error}",
-              file=sys.stderr)
-        return 1
-
-
-def main(argv=None):
-    """Run the command line; answer the exit status (0 ok, 1 refused, 2 usage)."""
-    argv = sys.argv[1:] if argv is None else argv
-    parser = _build_parser(_command_word(argv))
-    try:
-        options = parser.parse_args(argv)
-    except SystemExit as exit:
-        return exit.code
-    try:
-        if options.command == "serve":
-            return _serve_command(options)
-        if options.command == "stdio":
-            return _stdio_command(options)
-        if options.command == "ops":
-            _print_ops(options.markdown)
-            return 0
-        if options.command in CATALOG:
-            return _run_op(options.command, options)
-        parser.print_help(sys.stderr)
-        return 2
-    except (StoreError, Unreachable) as error:
-        print(f"agora: {error.message}", file=sys.stderr)
-        return 1
 
 
 if __name__ == "__main__":

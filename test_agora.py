@@ -27,6 +27,36 @@ AGORA = os.path.join(HERE, "agora.py")
 T0 = 1_800_000_000          # the clock the dispatch tests start from
 
 
+def outcome(store, op, args, caller, now=None):
+    """Run OP through dispatch; answer its Result, or its refusal as a Result of that status."""
+    try:
+        return agora.call(store, op, args, caller, now)
+    except agora.AgoraError as error:
+        return agora.Result(error.status, error.body, error.text)
+
+
+def when_waiting(store):
+    """Answer an Event that is set once a long-poll on STORE starts to block."""
+    entered = threading.Event()
+    original = store.wait
+
+    def wait(ready, timeout):
+        entered.set()
+        return original(ready, timeout)
+    store.wait = wait
+    return entered
+
+
+def until(condition, seconds=10):
+    """Wait until CONDITION() holds (at most SECONDS); answer whether it did."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def temp_dir(case):
     """Make a folder removed when CASE ends."""
     path = tempfile.mkdtemp(prefix="agora-test-")
@@ -47,7 +77,7 @@ class StoreCase(unittest.TestCase):
 
     def call(self, op, who="alice", now=T0, **args):
         """Run OP as local agent WHO and answer the Result."""
-        return agora.call(self.store, op, args, agora.Caller(who, True), now)
+        return outcome(self.store, op, args, agora.Caller(who, True), now)
 
     def ok(self, op, who="alice", now=T0, **args):
         """Run OP and answer its JSON body, failing unless it succeeded."""
@@ -90,13 +120,13 @@ class JoinTest(StoreCase):
 
     def test_taken_name_is_409_for_a_stranger(self):
         self.ok("join", who=None, name="bob")
-        result = agora.call(self.store, "join", {"name": "bob"}, agora.Caller(None, False))
+        result = outcome(self.store, "join", {"name": "bob"}, agora.Caller(None, False))
         self.assertEqual(result.status, 409)
 
     def test_joining_as_yourself_rotates_the_token(self):
         old = self.ok("join", who=None, name="bob")["token"]
         caller = agora.bearer_caller(self.store, "Bearer " + old)
-        result = agora.call(self.store, "join", {"name": "bob"}, caller)
+        result = outcome(self.store, "join", {"name": "bob"}, caller)
         self.assertEqual(result.status, 200)
         new = result.body["token"]
         self.assertNotEqual(old, new)
@@ -118,8 +148,8 @@ class JoinTest(StoreCase):
         stranger = agora.Caller(None, False)
         for key in (None, "wrong"):
             args = {"name": "bob"} if key is None else {"name": "bob", "key": key}
-            self.assertEqual(agora.call(self.store, "join", args, stranger).status, 403)
-        result = agora.call(self.store, "join", {"name": "bob", "key": "sesame"}, stranger)
+            self.assertEqual(outcome(self.store, "join", args, stranger).status, 403)
+        result = outcome(self.store, "join", {"name": "bob", "key": "sesame"}, stranger)
         self.assertEqual(result.status, 200)
         self.ok("join", who=None, name="carol")     # the local operator needs no key
 
@@ -298,12 +328,12 @@ class PostReadTest(StoreCase):
 
     def test_read_wait_returns_when_a_thread_posts(self):
         self.ok("brief", who="bob")
-        results = []
+        results, waiting = [], when_waiting(self.store)
         waiter = threading.Thread(target=lambda: results.append(
             self.call("read", who="bob", wait=20)))
         started = time.monotonic()
         waiter.start()
-        time.sleep(0.2)
+        self.assertTrue(waiting.wait(10))
         self.ok("post", body="wake up")
         waiter.join(10)
         self.assertLess(time.monotonic() - started, 5)
@@ -312,12 +342,12 @@ class PostReadTest(StoreCase):
     def test_read_wait_wakes_on_a_post_from_another_process(self):
         self.ok("brief", who="bob")
         self.ok("brief", who="alice")
-        results = []
+        results, waiting = [], when_waiting(self.store)
         waiter = threading.Thread(target=lambda: results.append(
             self.call("read", who="bob", wait=20)))
         started = time.monotonic()
         waiter.start()
-        time.sleep(0.3)
+        self.assertTrue(waiting.wait(10))
         subprocess.run([sys.executable, AGORA, "post", "body=from afar", "--as", "alice",
                         "--db", self.db], check=True, capture_output=True)
         waiter.join(15)
@@ -674,7 +704,7 @@ class ValidationTest(StoreCase):
         ]
         for op, args, name in cases:
             with self.subTest(op=op, args=str(args)[:60]):
-                result = agora.call(self.store, op, args, agora.Caller("alice", True), T0)
+                result = outcome(self.store, op, args, agora.Caller("alice", True), T0)
                 self.assertEqual(result.status, 400, result.text)
                 self.assertTrue(result.body["error"].startswith(name), result.body["error"])
 
@@ -704,9 +734,9 @@ class ValidationTest(StoreCase):
         self.assertEqual(self.call("fly").status, 404)
 
     def test_operations_need_an_identity(self):
-        result = agora.call(self.store, "read", {}, agora.Caller(None, True))
+        result = outcome(self.store, "read", {}, agora.Caller(None, True))
         self.assertEqual(result.status, 401)
-        result = agora.call(self.store, "read", {}, agora.Caller(None, False, "bogus"))
+        result = outcome(self.store, "read", {}, agora.Caller(None, False, "bogus"))
         self.assertEqual((result.status, result.body["error"]), (401, "unknown token"))
         self.assertEqual(self.call("brief", who="Bad Name").status, 400)
 
@@ -732,8 +762,45 @@ class ValidationTest(StoreCase):
                     agora.parse_json(bad)
         self.assertEqual(agora.parse_json(b'{"a": [1, 2.5, "x"]}'), {"a": [1, 2.5, "x"]})
 
+    def test_refusals_are_raised_as_their_class(self):
+        caller = agora.Caller("alice", True)
+        for error, op, args in ((agora.NotFound, "fly", {}), (agora.BadRequest, "post", {}),
+                                (agora.NotFound, "task", {"id": 99}),
+                                (agora.Forbidden, "join", {"name": "agora"})):
+            with self.assertRaises(error, msg=op):
+                agora.call(self.store, op, args, caller, T0)
+        with self.assertRaises(agora.Unauthorized):
+            agora.call(self.store, "read", {}, agora.Caller(None, False, "bogus"), T0)
+
+    def test_every_operation_a_text_names_exists(self):
+        """Hints and descriptions name operations ("claim id=...", "tasks lists them"):
+        each must be in the catalog, with the argument the text gives it."""
+        import ast
+        with open(AGORA, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        code = [node for node in tree.body if not (     # the page's HTML, CSS and JS aside
+            isinstance(node, ast.Assign)
+            and getattr(node.targets[0], "id", "").startswith("WEB_"))]
+        texts = [node.value for top in code for node in ast.walk(top)
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                 and "<" not in node.value]
+        texts += [op.summary for op in agora.CATALOG.values()]
+        english = {"pass", "with", "expected", "and", "still"}   # words, not operations
+        named = {}
+        for text in texts:
+            for word, argument in re.findall(r"(?<![/.$-])\b([a-z][a-z_]*) (?:([a-z_]+)=|"
+                                             r"lists\b|adds\b|takes them|renews\b|shows\b)",
+                                             text):
+                if word not in english:
+                    named.setdefault(word, set()).add(argument)
+        self.assertGreater(len(named), 10, named)
+        self.assertEqual(set(named) - set(agora.CATALOG) - {"ops"}, set())   # ops: the CLI's
+        for word, arguments in named.items():
+            if word in agora.CATALOG:
+                self.assertLessEqual(arguments - {""},
+                                     set(agora.CATALOG[word].schema["properties"]), word)
+
     def test_every_operation_has_a_docstring_and_a_valid_name(self):
-        self.assertEqual(len(agora.CATALOG), 25)
         for op in agora.CATALOG.values():
             self.assertRegex(op.name, r"^[a-z0-9_]{1,64}$")
             self.assertTrue(op.handler.__doc__, op.name)
@@ -771,7 +838,7 @@ class FuzzTest(StoreCase):
         tried = 0
         with contextlib.redirect_stderr(stderr):
             for name, args in self.fuzz_calls():
-                result = agora.call(self.store, name, args, agora.Caller("fuzzer", True), T0)
+                result = outcome(self.store, name, args, agora.Caller("fuzzer", True), T0)
                 tried += 1
                 self.assertLess(result.status, 500, f"{name} {str(args)[:80]}: {result.text}")
                 json.dumps(result.body)
@@ -789,23 +856,54 @@ class FuzzTest(StoreCase):
         self.assertIn("Unicode", self.refused(400, "post", body="\ud800"))
 
 
+class CountingStore(agora.Store):
+    """A store that counts the write transactions it opens: one commit, one fsync each."""
+
+    write_transactions = 0
+
+    def _connect(self):
+        con = super()._connect()
+        con.set_trace_callback(self._trace)
+        return con
+
+    def _trace(self, statement):
+        if statement == "BEGIN IMMEDIATE":
+            type(self).write_transactions += 1
+
+
 class GroupCommitTest(StoreCase):
     """Writers sharing one commit: a failing block is undone alone, or fails all it shared."""
 
+    writers = 12
+
+    def setUp(self):
+        super().setUp()
+        self.store = CountingStore(self.db)
+        self.addCleanup(self.store.close)
+
     def write_many(self, fail):
-        outcomes = []
+        """Run concurrent write blocks, the first holding until all others queue behind it.
+
+        Answer ({writer: outcome}, the write transactions they took).
+        """
+        outcomes, first = [], []
+        writes = self.store.writes
 
         def writer(i):
             try:
                 with self.store.transaction(write=True) as db:
+                    if not first:               # only one block runs at a time
+                        first.append(i)
+                        until(lambda: writes.queued == self.writers - 1)
                     db.execute("INSERT INTO channels (name, created_by, created) "
                                "VALUES (?, 'x', 0)", (f"c{i}",))
                     fail(db, i)
-                    time.sleep(0.005)
                 outcomes.append((i, "ok"))
             except Exception as error:
                 outcomes.append((i, type(error).__name__))
-        threads = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(12)]
+        before = CountingStore.write_transactions
+        threads = [threading.Thread(target=writer, args=(i,), daemon=True)
+                   for i in range(self.writers)]
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 20
@@ -816,21 +914,27 @@ class GroupCommitTest(StoreCase):
             stored = {row[0] for row in db.execute(
                 "SELECT name FROM channels WHERE name LIKE 'c%'")}
         self.assertEqual(stored, {f"c{i}" for i, outcome in outcomes if outcome == "ok"})
-        return dict(outcomes)
+        return dict(outcomes), CountingStore.write_transactions - before
+
+    def test_concurrent_writers_share_one_commit(self):
+        outcomes, transactions = self.write_many(lambda db, i: None)
+        self.assertEqual(set(outcomes.values()), {"ok"})
+        self.assertEqual(transactions, 1)
 
     def test_a_failing_block_is_undone_alone(self):
         def fail(db, i):
             if i % 4 == 0:
                 raise ValueError("this block fails after writing")
-        outcomes = self.write_many(fail)
+        outcomes, transactions = self.write_many(fail)
         self.assertEqual({i for i, o in outcomes.items() if o != "ok"}, {0, 4, 8})
+        self.assertEqual(transactions, 1)
 
     def test_an_aborted_transaction_fails_only_what_shared_it(self):
         def fail(db, i):
             if i == 5:
                 db.execute("ROLLBACK")          # SQLite's own abort, as on a full disk
                 raise sqlite3.OperationalError("aborted")
-        outcomes = self.write_many(fail)
+        outcomes, _ = self.write_many(fail)
         self.assertEqual(outcomes[5], "OperationalError")
         self.assertTrue(set(outcomes.values()) <= {"ok", "StoreError", "OperationalError"})
         after = threading.Thread(target=self.ok, args=("create_channel",),
@@ -838,6 +942,22 @@ class GroupCommitTest(StoreCase):
         after.start()
         after.join(10)
         self.assertFalse(after.is_alive(), "the write lock was never released")
+
+    def test_a_block_inside_a_block_joins_its_transaction(self):
+        before = CountingStore.write_transactions
+        with self.store.transaction(write=True) as outer:
+            outer.execute("INSERT INTO channels (name, created_by, created) VALUES ('o', 'x', 0)")
+            with self.assertRaises(ValueError):
+                with self.store.transaction(write=True) as inner:
+                    inner.execute("INSERT INTO channels (name, created_by, created) "
+                                  "VALUES ('i', 'x', 0)")
+                    raise ValueError("the inner block fails")
+            with self.store.transaction() as reader:
+                self.assertEqual(reader.execute("SELECT count(*) FROM channels WHERE name "
+                                                "IN ('o', 'i')").fetchone()[0], 1)
+        self.assertEqual(CountingStore.write_transactions - before, 1)
+        names = {channel["name"] for channel in self.ok("channels")["channels"]}
+        self.assertEqual(names & {"o", "i"}, {"o"})
 
 
 class StoreFileTest(unittest.TestCase):
@@ -883,10 +1003,10 @@ class StoreFileTest(unittest.TestCase):
                              agora.SCHEMA_VERSION)
             self.assertEqual(db.execute("SELECT count(*) FROM a2a_tasks").fetchone()[0], 0)
         caller = agora.Caller("a", True)
-        first = agora.call(store, "post", {"body": "after"}, caller).body
-        again = agora.call(store, "post", {"body": "after"}, caller).body
+        first = outcome(store, "post", {"body": "after"}, caller).body
+        again = outcome(store, "post", {"body": "after"}, caller).body
         self.assertEqual((again["id"], again["dup"]), (first["id"], True))
-        result = agora.call(store, "history", {"channel": "public"}, caller)
+        result = outcome(store, "history", {"channel": "public"}, caller)
         self.assertEqual([m["body"] for m in result.body["messages"]],
                          ["from version 1", "after"])
 
@@ -900,7 +1020,7 @@ class StoreFileTest(unittest.TestCase):
     def test_a_damaged_page_is_told_plainly(self):
         store = agora.Store(self.path)
         for i in range(2000):
-            agora.call(store, "post", {"body": f"message {i} " * 20}, agora.Caller("a", True))
+            outcome(store, "post", {"body": f"message {i} " * 20}, agora.Caller("a", True))
         store.close()
         con = sqlite3.connect(self.path)
         con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -913,7 +1033,7 @@ class StoreFileTest(unittest.TestCase):
         self.addCleanup(store.close)
         stderr = io.StringIO()
         with contextlib.redirect_stderr(stderr):
-            result = agora.call(store, "search", {"q": "message"}, agora.Caller("a", True))
+            result = outcome(store, "search", {"q": "message"}, agora.Caller("a", True))
         self.assertEqual(result.status, 500)
         self.assertIn("is damaged", result.body["error"])
         self.assertIn(".recover", result.body["hint"])
@@ -929,17 +1049,17 @@ class StoreFileTest(unittest.TestCase):
 
     def test_reopen_keeps_data(self):
         store = agora.Store(self.path)
-        agora.call(store, "post", {"body": "kept"}, agora.Caller("a", True))
+        outcome(store, "post", {"body": "kept"}, agora.Caller("a", True))
         store.close()
         store = agora.Store(self.path)
         self.addCleanup(store.close)
-        result = agora.call(store, "history", {"channel": "public"}, agora.Caller("a", True))
+        result = outcome(store, "history", {"channel": "public"}, agora.Caller("a", True))
         self.assertEqual([m["body"] for m in result.body["messages"]], ["kept"])
 
     def test_closed_store_refuses(self):
         store = agora.Store(self.path)
         store.close()
-        self.assertEqual(agora.call(store, "agents", {}, agora.Caller("a", True)).status, 500)
+        self.assertEqual(outcome(store, "agents", {}, agora.Caller("a", True)).status, 500)
 
 
 ###############################################################################
@@ -951,8 +1071,9 @@ import sys, agora
 store = agora.Store(sys.argv[1])
 won = []
 while True:
-    result = agora.call(store, "claim", {}, agora.Caller(sys.argv[2], True))
-    if result.status == 404:
+    try:
+        result = agora.call(store, "claim", {}, agora.Caller(sys.argv[2], True))
+    except agora.NotFound:
         break
     assert result.status == 200, result
     won.append(result.body["task"]["id"])
@@ -1036,12 +1157,13 @@ class ServerCase(unittest.TestCase):
 
     join_key = None
     allow_hosts = ()
+    server_settings = {}
 
     def setUp(self):
         self.dir = temp_dir(self)
         self.store = agora.Store(os.path.join(self.dir, "agora.db"), join_key=self.join_key)
         self.server = agora.make_server(self.store, "127.0.0.1", 0, self.allow_hosts,
-                                        quiet=True)
+                                        quiet=True, **self.server_settings)
         self.port = self.server.server_address[1]
         thread = threading.Thread(target=self.server.serve_forever, args=(0.05,))
         thread.start()
@@ -1099,7 +1221,8 @@ class RestTest(ServerCase):
         self.assertEqual([op["name"] for op in body["ops"]], list(agora.CATALOG))
         post = body["ops"][[op["name"] for op in body["ops"]].index("post")]
         self.assertEqual(post["schema"], agora.CATALOG["post"].schema)
-        self.assertEqual(body["agora"], agora.__version__)
+        self.assertEqual((body["name"], body["version"]), ("agora", agora.__version__))
+        self.assertEqual(set(body), {"name", "version", "ops"})
 
     def test_statuses(self):
         token = self.join("alice")
@@ -1169,14 +1292,31 @@ class RestTest(ServerCase):
         for origin in ("http://evil.example.com", f"http://evil.com:{port}", "null"):
             self.assertEqual(self.request("GET", "/api", headers={"Origin": origin})[0], 403)
 
+    def test_one_rule_for_every_route(self):
+        """A method the path does not take is 405 whatever the headers; an allowed
+        method with a foreign Origin or Host is 403."""
+        routes = dict(agora.ROUTES, **{"/mcp/": agora.ROUTES["/mcp"],
+                                       "/api/post": agora.Route(None, "rest", ("POST",)),
+                                       "/api/agents": agora.Route(None, "rest", ("GET", "POST"))})
+        for foreign in ({"Origin": "http://evil.example.com"}, {"Host": "evil.example.com"}):
+            for path, route in routes.items():
+                for method in ("GET", "POST", "PUT", "DELETE", "PATCH"):
+                    status, response, _ = self.request(method, path, {}, headers=foreign)
+                    if method in route.methods:
+                        self.assertEqual(status, 403, (method, path, foreign))
+                    else:
+                        self.assertEqual((status, response.getheader("Allow")),
+                                         (405, ", ".join(route.methods)),
+                                         (method, path, foreign))
+
     def test_read_wait_over_rest_wakes_on_post(self):
         alice, bob = self.join("alice"), self.join("bob")
-        results = []
+        results, waiting = [], when_waiting(self.store)
         waiter = threading.Thread(target=lambda: results.append(
             self.request("POST", "/api/read", {"wait": 20}, bob)))
         started = time.monotonic()
         waiter.start()
-        time.sleep(0.2)
+        self.assertTrue(waiting.wait(10))
         self.request("POST", "/api/post", {"body": "now"}, alice)
         waiter.join(10)
         self.assertLess(time.monotonic() - started, 5)
@@ -1191,7 +1331,7 @@ class RestTest(ServerCase):
                 sock = socket.create_connection(("127.0.0.1", self.port))
                 sock.sendall(payload)
                 sock.close()
-            time.sleep(0.3)
+            self.assertTrue(until(lambda: not self.server.open_connections))
             self.assertEqual(self.request("GET", "/api")[0], 200)
         self.assertNotIn("Traceback", stderr.getvalue())
 
@@ -1199,12 +1339,7 @@ class RestTest(ServerCase):
 class SlowClientTest(ServerCase):
     """The watchdog: idle, slow-sending and slow-reading clients are let go."""
 
-    def setUp(self):
-        for name, value in (("IDLE_TIMEOUT", 1.0), ("REQUEST_TIMEOUT", 0.6),
-                            ("REAP_INTERVAL", 0.1)):
-            self.addCleanup(setattr, agora, name, getattr(agora, name))
-            setattr(agora, name, value)
-        super().setUp()
+    server_settings = {"idle_timeout": 1.0, "request_timeout": 0.6, "reap_interval": 0.1}
 
     def connect(self):
         import socket
@@ -1262,15 +1397,14 @@ class SlowClientTest(ServerCase):
         self.assertTrue(answer.endswith(b"431 request headers over 16384 bytes\n"), answer[-80:])
 
     def test_a_cap_on_open_connections(self):
-        self.addCleanup(setattr, agora, "MAX_CONNECTIONS", agora.MAX_CONNECTIONS)
-        agora.MAX_CONNECTIONS = 3
+        self.server.max_connections = 3
         held = [self.connect() for _ in range(3)]
-        time.sleep(0.2)
+        self.assertTrue(until(lambda: len(self.server.open_connections) == 3))
         extra = self.connect()
         self.assertTrue(self.closed_within(extra, 2).startswith(b"HTTP/1.1 503"))
         for sock in held:
             sock.close()
-        time.sleep(0.3)
+        self.assertTrue(until(lambda: not self.server.open_connections))
         self.assertEqual(self.request("GET", "/api")[0], 200)
 
 
@@ -1851,7 +1985,8 @@ class McpStdioTest(unittest.TestCase):
     def test_exits_promptly_at_end_of_input(self):
         process = self.start("--as", "sam")
         self.send(process, 1, "tools/call", {"name": "read", "arguments": {"wait": 60}})
-        time.sleep(0.3)
+        self.send(process, 2, "ping")               # answered once the read is under way
+        self.assertEqual(json.loads(process.stdout.readline())["id"], 2)
         started = time.monotonic()
         process.stdin.close()
         self.assertEqual(process.wait(10), 0)
@@ -1874,12 +2009,10 @@ class McpStdioTest(unittest.TestCase):
 class A2ACase(ServerCase):
     """A server with an A2A client identity (alice, by token) and a worker (bob, local)."""
 
-    a2a_guest = None
-    a2a_block = 5
+    server_settings = {"a2a_block": 5}
 
     def setUp(self):
         super().setUp()
-        self.server.a2a_guest, self.server.a2a_block = self.a2a_guest, self.a2a_block
         self.token = self.join("alice")
 
     def a2a(self, method, params=None, token="alice", headers=None, message_id=1):
@@ -1909,7 +2042,7 @@ class A2ACase(ServerCase):
         return body["result"]
 
     def worker(self, op, **args):
-        result = agora.call(self.store, op, args, agora.Caller("bob", True))
+        result = outcome(self.store, op, args, agora.Caller("bob", True))
         self.assertEqual(result.status, 200, result.text)
         return result.body
 
@@ -1983,17 +2116,43 @@ class A2ATest(A2ACase):
         second = self.send("let go")["task"]["id"]
         now = int(time.time())
         for op in ("claim", "release"):
-            agora.call(self.store, op, {"id": int(second)}, agora.Caller("bob", True),
+            outcome(self.store, op, {"id": int(second)}, agora.Caller("bob", True),
                        now=now + 5)
         got = self.a2a("GetTask", {"id": second})[2]["result"]
         self.assertEqual(got["status"]["state"], "TASK_STATE_SUBMITTED")
         self.assertIn("back on the board", got["status"]["message"]["parts"][0]["text"])
         third = self.send("slow")["task"]["id"]
-        agora.call(self.store, "claim", {"id": int(third), "lease": 1},
+        outcome(self.store, "claim", {"id": int(third), "lease": 1},
                    agora.Caller("bob", True), now=int(time.time()) - 5)
         got = self.a2a("GetTask", {"id": third})[2]["result"]
         self.assertEqual(got["status"]["state"], "TASK_STATE_SUBMITTED")
         self.assertIn("lease ran out", got["status"]["message"]["parts"][0]["text"])
+
+    def test_what_reopened_a_task_is_recorded_not_guessed_from_its_clock(self):
+        task_id = int(self.send("quick release")["task"]["id"])
+        posted = self.worker("task", id=task_id)["task"]["created"]
+        for op in ("claim", "release"):             # within the second it was posted
+            outcome(self.store, op, {"id": task_id}, agora.Caller("bob", True), now=posted)
+        status = self.a2a("GetTask", {"id": str(task_id)})[2]["result"]["status"]
+        self.assertEqual(status["state"], "TASK_STATE_SUBMITTED")
+        self.assertEqual(status["message"]["parts"][0]["text"],
+                         "back on the board: its holder released it")
+        outcome(self.store, "claim", {"id": task_id, "lease": 1}, agora.Caller("bob", True),
+                now=posted - 10)
+        status = self.a2a("GetTask", {"id": str(task_id)})[2]["result"]["status"]
+        self.assertEqual(status["message"]["parts"][0]["text"],
+                         "back on the board: bob's lease ran out")
+
+    def test_the_task_and_its_a2a_record_are_written_together(self):
+        con = sqlite3.connect(os.path.join(self.dir, "agora.db"))
+        con.execute("DROP TABLE a2a_tasks")         # the second write will fail
+        con.close()
+        with contextlib.redirect_stderr(io.StringIO()):
+            status, _, body = self.a2a("SendMessage", {"message": {
+                "messageId": "lost", "role": "ROLE_USER", "parts": [{"text": "half a task"}]},
+                "configuration": {"returnImmediately": True}})
+        self.assertEqual(body["error"]["code"], -32603)
+        self.assertEqual(self.worker("tasks", which="all")["tasks"], [])
 
     def test_cancel_by_the_poster_only(self):
         task = self.send("withdraw me")["task"]
@@ -2015,7 +2174,7 @@ class A2ATest(A2ACase):
         for method in ("GetTask", "tasks/get", "CancelTask"):
             status, _, body = self.a2a(method, {"id": task["id"]}, token=carol)
             self.assertEqual(body["error"]["code"], -32001, method)
-        board = agora.call(self.store, "post_task", {"title": "by bob"},
+        board = outcome(self.store, "post_task", {"title": "by bob"},
                            agora.Caller("bob", True)).body["id"]
         status, _, body = self.a2a("GetTask", {"id": str(board)})
         self.assertEqual(body["error"]["code"], -32001)
@@ -2063,8 +2222,10 @@ class A2ATest(A2ACase):
     def test_blocking_send_waits_for_the_task(self):
         message = {"messageId": "b1", "role": "ROLE_USER", "parts": [{"text": "quick job"}]}
 
+        waiting = when_waiting(self.store)
+
         def finish():
-            time.sleep(0.3)
+            self.assertTrue(waiting.wait(10))
             tasks = self.worker("tasks")["tasks"]
             self.worker("claim", id=tasks[0]["id"])
             self.worker("done", id=tasks[0]["id"], result="finished")
@@ -2083,7 +2244,7 @@ class A2ATest(A2ACase):
 
     def test_list_tasks_pages_through_the_callers_tasks(self):
         ids = [self.send(f"task {i}")["task"]["id"] for i in range(5)]
-        agora.call(self.store, "post_task", {"title": "not alice's"}, agora.Caller("bob", True))
+        outcome(self.store, "post_task", {"title": "not alice's"}, agora.Caller("bob", True))
         self.worker("claim", id=int(ids[0]))
         status, _, body = self.a2a("ListTasks", {"pageSize": 2})
         page = body["result"]
@@ -2209,9 +2370,24 @@ class A2ATest(A2ACase):
         self.assertIn("tags", body["error"]["message"])
 
 
+class A2ADefaultsTest(A2ACase):
+    """A server on its defaults, as users get it."""
+
+    server_settings = {}
+
+    def test_a_blocking_send_answers_within_a_clients_timeout(self):
+        started = time.monotonic()
+        status, _, body = self.a2a("SendMessage", {"message": {
+            "messageId": "d1", "role": "ROLE_USER", "parts": [{"text": "nobody takes this"}]}})
+        waited = time.monotonic() - started
+        self.assertEqual(body["result"]["task"]["status"]["state"], "TASK_STATE_SUBMITTED")
+        self.assertLess(waited, 5)                  # httpx's default read timeout
+        self.assertGreaterEqual(waited, agora.A2A_DEFAULT_BLOCK - 0.5)
+
+
 class A2AGuestTest(A2ACase):
 
-    a2a_guest = "guest"
+    server_settings = {"a2a_block": 5, "a2a_guest": "guest"}
 
     def test_guest_acts_without_a_token(self):
         agora.ensure_local_agent(self.store, "guest", int(time.time()))
@@ -2467,7 +2643,7 @@ class RemoteCliTest(ServerCase):
     def test_same_text_json_and_exit_status_as_locally(self):
         self.assertEqual(self.remote("post", "body=from afar"), (0, "posted #1 to public\n", ""))
         code, out, _ = self.remote("history", "channel=public")
-        local = agora.call(self.store, "history", {"channel": "public"},
+        local = outcome(self.store, "history", {"channel": "public"},
                            agora.Caller("remo", True)).text
         self.assertEqual((code, out), (0, local + "\n"))
         code, out, _ = self.remote("post_task", "title=t", "priority=5", "tags=a,b", "--json")
@@ -2484,7 +2660,7 @@ class RemoteCliTest(ServerCase):
                                  os.environ.__setitem__(k, v) for k, v in old.items()])
         code, out, _ = self.main("post", "body=-", stdin="piped\n")
         self.assertEqual(code, 0)
-        messages = agora.call(self.store, "history", {"channel": "public"},
+        messages = outcome(self.store, "history", {"channel": "public"},
                               agora.Caller("x", True)).body["messages"]
         self.assertEqual([(m["sender"], m["body"]) for m in messages], [("remo", "piped")])
 
@@ -2534,7 +2710,7 @@ class RemoteCliTest(ServerCase):
         os.environ["AGORA_AS"] = "someone-else"
         self.addCleanup(os.environ.pop, "AGORA_AS")
         self.assertEqual(self.remote("post", "body=from the token")[0], 0)
-        messages = agora.call(self.store, "history", {"channel": "public"},
+        messages = outcome(self.store, "history", {"channel": "public"},
                               agora.Caller("x", True)).body["messages"]
         self.assertEqual([m["sender"] for m in messages], ["remo"])
 
@@ -2572,7 +2748,7 @@ class HttpsTest(ServerCase):
         super().setUp()
 
     def run_cli(self, **env):
-        token = agora.call(self.store, "join", {"name": "tls"}, agora.Caller(None, True))
+        token = outcome(self.store, "join", {"name": "tls"}, agora.Caller(None, True))
         return subprocess.run([sys.executable, AGORA, "post", "body=over tls", "--url",
                                f"https://127.0.0.1:{self.port}", "--token",
                                token.body["token"]], capture_output=True, text=True,
@@ -2636,7 +2812,7 @@ class BridgeTest(ServerCase):
                           answers[3]["result"]["resultType"]), ("bridged", "complete"))
         self.assertEqual(answers[None]["error"]["code"], -32700)
         self.assertEqual(process.stdout.read(), b"")
-        history = agora.call(self.store, "history", {"channel": "public"},
+        history = outcome(self.store, "history", {"channel": "public"},
                              agora.Caller("x", True)).body["messages"]
         self.assertEqual([(m["sender"], m["body"]) for m in history],
                          [("bridged", "bridged hello")])
@@ -2647,7 +2823,7 @@ class BridgeTest(ServerCase):
         McpStdioTest.send(process, 1, "tools/call", {"name": "read", "arguments": {"wait": 30}})
         McpStdioTest.send(process, 2, "ping")
         self.assertEqual(json.loads(process.stdout.readline())["id"], 2)
-        agora.call(self.store, "post", {"body": "wake up"}, agora.Caller("other", True))
+        outcome(self.store, "post", {"body": "wake up"}, agora.Caller("other", True))
         answer = json.loads(process.stdout.readline())
         self.assertEqual(answer["result"]["structuredContent"]["messages"][0]["body"], "wake up")
         self.assertLess(time.monotonic() - started, 15)

@@ -1,7 +1,7 @@
 """make bench: agora's speed and memory beside floors measured in the same run.
 
 This machine is shared and noisy, so every figure is a median over rounds that
-alternate agora and its floor, and the verdict is a ratio (SPEC section 9):
+alternate agora and its floor, and the verdict is a ratio against the targets:
 
 - REST post and MCP tools/call post throughput, 8 keep-alive clients, against a
   bare ThreadingHTTPServer answering a fixed JSON (the stdlib HTTP floor);

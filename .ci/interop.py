@@ -30,7 +30,7 @@ TOOLS = list(agora.CATALOG)
 CONFORMANCE_SCENARIOS = ["server-initialize", "ping", "tools-list", "dns-rebinding-protection"]
 TCK_DIR = os.path.join(ROOT, ".interop", "a2a-tck")
 TCK_PYTHON = os.path.join(ROOT, ".interop", "tck-venv", "bin", "python")
-# A2A test kit requirements that fail for reasons written in SPEC section 11.
+# A2A test kit requirements that fail for a reason of the board's design, each given.
 TCK_EXCLUDED = {
     "CARD-STRUCT-001": "its card schema forbids the 0.3 fields of the two-generation card, "
                        "which the A2A SDK's own card carries too",
@@ -295,11 +295,11 @@ def tck_bot(url, token, stop):
 def tck_checks(workdir):
     """Run the A2A test kit (--level must, JSON-RPC) against a server with a guest."""
     if not (os.path.isdir(TCK_DIR) and os.path.exists(TCK_PYTHON)):
-        print("SKIP a2a-tck: not installed (it is on neither PyPI nor npm); run make interop "
-              "with A2A_TCK_GIT=<a git copy of a2aproject/a2a-tck> to include it", flush=True)
+        print("SKIP a2a-tck: no copy of the kit (it is on neither PyPI nor npm); run make "
+              "interop A2A_TCK=<a2a-tck .tar.gz or folder> to include it", flush=True)
         return
     db = os.path.join(workdir, "tck.db")
-    server, url = start_server(db, "--a2a-guest", "tck", "--a2a-block", "3")
+    server, url = start_server(db, "--a2a-guest", "tck")     # the server's default hold
     stop = threading.Event()
     bot = threading.Thread(target=tck_bot, args=(url, mint_token(db, "tck-bot"), stop))
     bot.start()
@@ -321,7 +321,7 @@ def tck_checks(workdir):
 
 
 def judge_tck(reports):
-    """Check the kit's own pytest outcomes; a failure counts unless SPEC excludes it.
+    """Check the kit's own pytest outcomes; a failure counts unless it is excluded above.
 
     The kit's summary (compatibility.json) also marks as FAIL tests that pytest
     skipped, such as those that need an input-required state the board does not
