@@ -1278,7 +1278,7 @@ def _fts_query(terms):
     return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
 
 
-def _search_messages(db, me, terms, limit, fts):
+def _search_messages(db, me, terms, limit, fts, now):
     visible = {"me": me, "mailbox": mailbox(me), "limit": limit}
     if fts:
         rows = db.execute(
@@ -1298,24 +1298,27 @@ def _search_messages(db, me, terms, limit, fts):
              "snippet": r["snippet"] or _like_snippet(r["body"], terms)} for r in rows]
 
 
-def _search_tasks(db, me, terms, limit, fts):
+def _search_tasks(db, me, terms, limit, fts, now):
     if fts:
         rows = db.execute(
-            "SELECT t.*, snippet(tasks_fts, -1, '[', ']', '…', 10) AS snippet, "
-            "tasks_fts.rank AS rank FROM tasks_fts JOIN tasks t ON t.id = tasks_fts.rowid "
-            "WHERE tasks_fts MATCH ? ORDER BY rank LIMIT ?", (_fts_query(terms), limit))
+            f"SELECT t.*, {TASK_STATE} AS state, snippet(tasks_fts, -1, '[', ']', '…', 10) "
+            "AS snippet, tasks_fts.rank AS rank FROM tasks_fts JOIN tasks t "
+            "ON t.id = tasks_fts.rowid WHERE tasks_fts MATCH :query ORDER BY rank LIMIT :limit",
+            {"query": _fts_query(terms), "limit": limit, "now": now})
     else:
-        likes = " AND ".join("(title || ' ' || body) LIKE ? ESCAPE '\\'" for _ in terms)
-        rows = db.execute(f"SELECT *, NULL AS snippet, -updated AS rank FROM tasks WHERE {likes} "
-                          "ORDER BY id DESC LIMIT ?",
-                          [_like_pattern(t) for t in terms] + [limit])
-    return [{"kind": "task", "id": r["id"], "title": r["title"], "status": r["status"],
+        likes = " AND ".join(f"(title || ' ' || body) LIKE :t{i} ESCAPE '\\'"
+                             for i in range(len(terms)))
+        rows = db.execute(f"SELECT *, {TASK_STATE} AS state, NULL AS snippet, -updated AS rank "
+                          f"FROM tasks WHERE {likes} ORDER BY id DESC LIMIT :limit",
+                          dict({f"t{i}": _like_pattern(t) for i, t in enumerate(terms)},
+                               limit=limit, now=now))
+    return [{"kind": "task", "id": r["id"], "title": r["title"], "status": r["state"],
              "rank": r["rank"],
              "snippet": r["snippet"] or _like_snippet(r["title"] + " " + r["body"], terms)}
             for r in rows]
 
 
-def _search_notes(db, me, terms, limit, fts):
+def _search_notes(db, me, terms, limit, fts, now):
     if fts:
         rows = db.execute(
             "SELECT n.*, snippet(notes_fts, -1, '[', ']', '…', 10) AS snippet, "
@@ -1352,7 +1355,7 @@ def op_search(store, caller, args, now):
     hits = []
     with store.transaction() as db:
         for scope in scopes:
-            hits += SEARCHES[scope](db, caller.name, terms, args["limit"], store.fts)
+            hits += SEARCHES[scope](db, caller.name, terms, args["limit"], store.fts, now)
     hits.sort(key=lambda hit: hit["rank"])
     hits = hits[:args["limit"]]
     for hit in hits:
@@ -2018,6 +2021,57 @@ def _header_text(value):
         return None
 
 
+def _mcp_discover(endpoint, params):
+    return {"supportedVersions": list(MCP_VERSIONS),
+            "capabilities": {"tools": {"listChanged": False}},
+            "instructions": MCP_INSTRUCTIONS,
+            "_meta": {MCP_META + "serverInfo": {"name": "agora", "version": __version__}}}
+
+
+def _mcp_initialize(endpoint, params):
+    requested = params.get("protocolVersion")
+    # Never refuse: answer the newest revision we speak and let the client decide.
+    version = requested if requested in MCP_HANDSHAKE_VERSIONS else MCP_HANDSHAKE_VERSIONS[0]
+    return {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
+            "serverInfo": {"name": "agora", "version": __version__},
+            "instructions": MCP_INSTRUCTIONS}
+
+
+def _mcp_ping(endpoint, params):
+    return {}
+
+
+def _mcp_tools_list(endpoint, params):
+    if params.get("cursor") is not None:
+        raise RpcError(-32602, "unknown cursor: every tool comes in one page")
+    return {"tools": mcp_tools()}
+
+
+def _mcp_tools_call(endpoint, params):
+    """Run one operation; a refusal is a result the model can read (isError)."""
+    name = params.get("name")
+    if not isinstance(name, str) or name not in CATALOG:
+        raise RpcError(-32602, f"Unknown tool: {str(name)[:60]}")
+    arguments = params.get("arguments")
+    try:
+        result = call(endpoint.store, name, {} if arguments is None else arguments,
+                      endpoint.caller)
+    except Unauthorized as error:
+        raise RpcError(-32600, error.text, http_status=401) from None
+    except AgoraError as error:
+        return {"content": [{"type": "text", "text": error.text}], "isError": True}
+    return {"content": [{"type": "text", "text": result.text}],
+            "structuredContent": result.body, "isError": False}
+
+
+MCP_METHODS = {"initialize": _mcp_initialize, "ping": _mcp_ping,
+               "tools/list": _mcp_tools_list, "tools/call": _mcp_tools_call}
+MCP_STATELESS_METHODS = {"server/discover": _mcp_discover, "tools/list": _mcp_tools_list,
+                         "tools/call": _mcp_tools_call}
+# Stateless results a client may cache: they say for how long and for whom.
+MCP_CACHEABLE = {"server/discover", "tools/list"}
+
+
 class McpEndpoint(RpcEndpoint):
     """MCP over JSON-RPC, both eras on one endpoint: the core of /mcp and stdio.
 
@@ -2043,23 +2097,16 @@ class McpEndpoint(RpcEndpoint):
                      or isinstance(meta, dict) and MCP_META + "protocolVersion" in meta)
         if stateless:
             self.check_stateless(method, params)
-        methods = self.STATELESS_METHODS if stateless else self.HANDSHAKE_METHODS
-        if method not in methods:
+        handler = (MCP_STATELESS_METHODS if stateless else MCP_METHODS).get(method)
+        if handler is None:
             raise RpcError(-32601, f"Method not found: {method[:60]}",
                            http_status=404 if stateless else 200)
-        result = getattr(self, methods[method])(params)
+        result = handler(self, params)
         if stateless:
             result["resultType"] = "complete"
-            if method in self.CACHEABLE:
+            if method in MCP_CACHEABLE:
                 result.update(ttlMs=0, cacheScope="public")
         return result
-
-    HANDSHAKE_METHODS = {"initialize": "initialize", "ping": "ping",
-                         "tools/list": "tools_list", "tools/call": "tools_call"}
-    STATELESS_METHODS = {"server/discover": "discover", "tools/list": "tools_list",
-                         "tools/call": "tools_call"}
-    # Stateless results a client may cache: they say for how long and for whom.
-    CACHEABLE = {"server/discover", "tools/list"}
 
     def check_stateless(self, method, params):
         """Refuse a 2026-07-28 request whose _meta or routing headers are wrong."""
@@ -2079,52 +2126,6 @@ class McpEndpoint(RpcEndpoint):
         if version != MCP_STATELESS_VERSION:
             raise RpcError(-32022, "Unsupported protocol version", http_status=400,
                            data={"supported": list(MCP_VERSIONS), "requested": version})
-
-    @staticmethod
-    def discover(params):
-        """Answer server/discover: what a stateless client learns instead of a handshake."""
-        return {"supportedVersions": list(MCP_VERSIONS),
-                "capabilities": {"tools": {"listChanged": False}},
-                "instructions": MCP_INSTRUCTIONS,
-                "_meta": {MCP_META + "serverInfo": {"name": "agora", "version": __version__}}}
-
-    @staticmethod
-    def initialize(params):
-        """Answer the handshake; never refuse a version, offer the newest we speak."""
-        requested = params.get("protocolVersion")
-        version = (requested if requested in MCP_HANDSHAKE_VERSIONS
-                   else MCP_HANDSHAKE_VERSIONS[0])
-        return {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
-                "serverInfo": {"name": "agora", "version": __version__},
-                "instructions": MCP_INSTRUCTIONS}
-
-    @staticmethod
-    def ping(params):
-        """Answer a ping, at any time."""
-        return {}
-
-    @staticmethod
-    def tools_list(params):
-        """Answer every tool in one page."""
-        if params.get("cursor") is not None:
-            raise RpcError(-32602, "unknown cursor: every tool comes in one page")
-        return {"tools": mcp_tools()}
-
-    def tools_call(self, params):
-        """Run one operation; a refusal is a result the model reads (isError)."""
-        name = params.get("name")
-        if not isinstance(name, str) or name not in CATALOG:
-            raise RpcError(-32602, f"Unknown tool: {str(name)[:60]}")
-        arguments = params.get("arguments")
-        try:
-            result = call(self.store, name, {} if arguments is None else arguments,
-                          self.caller)
-        except Unauthorized as error:
-            raise RpcError(-32600, error.text, http_status=401) from None
-        except AgoraError as error:
-            return {"content": [{"type": "text", "text": error.text}], "isError": True}
-        return {"content": [{"type": "text", "text": result.text}],
-                "structuredContent": result.body, "isError": False}
 
 
 ###############################################################################

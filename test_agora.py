@@ -456,6 +456,12 @@ class SearchTest(StoreCase):
                          ("", "design/parser", 1))
         self.assertEqual(len(self.ok("search", q="parser", limit=1)["hits"]), 1)
 
+    def test_a_task_whose_lease_ran_out_is_found_as_open(self):
+        task_id = self.ok("post_task", title="expiring lease")["id"]
+        self.ok("claim", who="bob", id=task_id, lease=1)
+        hits = self.ok("search", now=T0 + 10, q="expiring", scope="tasks")["hits"]
+        self.assertEqual([(hit["id"], hit["status"]) for hit in hits], [(task_id, "open")])
+
     def test_search_is_safe_with_punctuation(self):
         self.ok("post", body='he said "quote" AND (x OR y) near-by')
         for query in ['"quote', "AND (", "near-by", "*", "x OR"]:
