@@ -362,6 +362,112 @@ class PostReadTest(StoreCase):
         self.assertIn("nothing new", result.text)
 
 
+class NewsTest(StoreCase):
+    """What an agent is told: unread and untold, each thing once, never another's mail."""
+
+    def test_news_reports_unread_untold_once_and_read_still_takes_it(self):
+        self.ok("brief", who="bob")
+        first = self.ok("post", body="the build is green")["id"]
+        news = self.ok("news", who="bob")
+        self.assertEqual((news["count"], [m["id"] for m in news["messages"]]), (1, [first]))
+        self.assertEqual(set(news["messages"][0]), {"id", "channel", "sender", "reply_to", "ts",
+                                                    "preview"})
+        self.assertEqual(news["summary"], f"#{first} public alice 0s: the build is green")
+        self.assertEqual(self.ok("news", who="bob")["count"], 0)
+        self.assertEqual(self.call("news", who="bob").text, "nothing new")
+        self.assertEqual([m["id"] for m in self.ok("read", who="bob")["messages"]], [first])
+
+    def test_peek_marks_nothing_told(self):
+        self.ok("brief", who="bob")
+        self.ok("post", body="one")
+        self.assertEqual(self.ok("news", who="bob", peek=True)["count"], 1)
+        self.assertEqual(self.ok("news", who="bob", peek=True)["count"], 1)
+        self.assertEqual(self.ok("news", who="bob")["count"], 1)
+        self.assertEqual(self.ok("news", who="bob", peek=True)["count"], 0)
+
+    def test_a_new_agent_is_told_up_to_its_joining(self):
+        self.ok("post", body="before bob came")
+        self.ok("post_task", title="before bob came")
+        self.assertEqual(self.ok("news", who="bob", tasks=True),
+                         {"count": 0, "messages": [], "tasks": [], "summary": "nothing new"})
+
+    def test_previews_count_and_the_rest(self):
+        self.ok("brief", who="bob")
+        long = "word " * 60
+        for i in range(7):
+            self.ok("post", body=f"{i} {long}")
+        news = self.ok("news", who="bob")
+        self.assertEqual((news["count"], len(news["messages"])), (7, 5))
+        self.assertTrue(all(len(m["preview"]) == 120 and m["preview"].endswith("…")
+                            for m in news["messages"]))
+        self.assertTrue(news["summary"].endswith("(2 more; read takes them)"))
+        self.assertEqual(self.ok("news", who="bob")["count"], 0)      # the count told them all
+        self.assertEqual(len(self.ok("read", who="bob")["messages"]), 7)
+
+    def test_never_own_posts_nor_anothers_mail(self):
+        self.ok("brief", who="bob")
+        self.ok("brief", who="carol")
+        self.ok("post", who="bob", body="my own")
+        self.ok("post", to="carol", body="for carol only")
+        self.assertEqual(self.ok("news", who="bob", peek=True)["count"], 0)
+        news = self.ok("news", who="carol")
+        self.assertEqual([m["preview"] for m in news["messages"]], ["my own", "for carol only"])
+
+    def test_brief_and_read_end_news(self):
+        self.ok("brief", who="bob")
+        self.ok("post", body="counted by brief")
+        self.ok("post_task", title="listed by brief")
+        self.ok("brief", who="bob")
+        self.assertEqual(self.ok("news", who="bob", tasks=True)["count"], 0)
+        self.assertEqual(self.ok("news", who="bob", tasks=True, peek=True)["tasks"], [])
+        self.ok("post", body="delivered by read")
+        self.ok("read", who="bob")
+        self.assertEqual(self.ok("news", who="bob")["count"], 0)
+
+    def test_tasks_that_became_ready_except_ones_own(self):
+        self.ok("brief", who="bob")
+        theirs = self.ok("post_task", title="deploy", priority=5)["id"]
+        self.ok("post_task", who="bob", title="bob's own")
+        self.assertEqual(self.ok("news", who="bob")["tasks"], [])     # only with tasks=true
+        news = self.ok("news", who="bob", tasks=True)
+        self.assertEqual(([t["id"] for t in news["tasks"]], news["count"]), ([theirs], 0))
+        self.assertIn(f"ready: #{theirs} open p5 \"deploy\"", news["summary"])
+        self.assertEqual(self.ok("news", who="bob", tasks=True)["tasks"], [])
+
+    def test_concurrent_news_never_tell_the_same_twice(self):
+        self.ok("brief", who="bob")
+        for i in range(30):
+            self.ok("post", body=f"m{i}")
+        told = []
+
+        def take():
+            told.append(self.ok("news", who="bob")["count"])
+        threads = [threading.Thread(target=take) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        self.assertEqual(sorted(told), [0] * 5 + [30])
+
+    def test_news_wait_wakes_on_a_post_here_and_from_another_process(self):
+        self.ok("brief", who="bob")
+        for post in (lambda: self.ok("post", body="from a thread"),
+                     lambda: subprocess.run([sys.executable, AGORA, "post", "body=from afar",
+                                             "--as", "alice", "--db", self.db], check=True,
+                                            capture_output=True)):
+            results, waiting = [], when_waiting(self.store)
+            waiter = threading.Thread(target=lambda: results.append(
+                self.ok("news", who="bob", wait=20)))
+            started = time.monotonic()
+            waiter.start()
+            self.assertTrue(waiting.wait(10))
+            post()
+            waiter.join(15)
+            self.assertLess(time.monotonic() - started, 10)
+            self.assertEqual(results[0]["count"], 1)
+            self.store.wait = type(self.store).wait.__get__(self.store)
+
+
 class HistoryTest(StoreCase):
 
     def test_channel_history_pages_backwards(self):
@@ -1702,7 +1808,7 @@ class McpHttpTest(ServerCase):
         tools = body["result"]["tools"]
         self.assertNotIn("nextCursor", body["result"])
         self.assertEqual([tool["name"] for tool in tools], list(agora.CATALOG))
-        self.assertLess(len(json.dumps(body)), 12000)
+        self.assertLessEqual(len(agora.json_bytes(body)), 13312)    # 13 KB, every tool
         for tool in tools:
             op = agora.CATALOG[tool["name"]]
             self.assertRegex(tool["name"], r"^[a-z0-9_]{1,64}$")
@@ -2859,6 +2965,348 @@ class BridgeTest(ServerCase):
         self.assertEqual(process.wait(10), 0)
         self.assertEqual(process.stdout.read(), b"")
         self.assertNotIn(b"Traceback", process.stderr.read())
+
+
+###############################################################################
+# Waking agents: hooks, wait and the channel ##################################
+###############################################################################
+
+# What each client sends a hook on stdin, as its documentation shows it.
+HOOK_INPUT = {
+    "claude": {"session_id": "s1", "transcript_path": "/tmp/t.jsonl", "cwd": "/tmp",
+               "permission_mode": "default", "hook_event_name": "Stop",
+               "stop_hook_active": False, "last_assistant_message": "done"},
+    "codex": {"session_id": "s1", "turn_id": "t1", "hook_event_name": "Stop",
+              "stop_hook_active": False, "last_assistant_message": "done", "model": "m"},
+    "gemini": {"session_id": "s1", "hook_event_name": "AfterAgent", "stop_hook_active": False,
+               "cwd": "/tmp"},
+    "cursor": {"conversation_id": "c1", "hook_event_name": "stop", "status": "completed",
+               "loop_count": 0},
+}
+
+
+def documented_shape(event, client):
+    """Answer (keys, hookEventName or decision) the client documents for EVENT, or None."""
+    if client == "cursor":
+        return ({"followup_message"}, None) if event == "stop" else None
+    if event == "stop":
+        return {"decision", "reason"}, "deny" if client == "gemini" else "block"
+    return {"hookSpecificOutput"}, {"session-start": "SessionStart",
+                                    "prompt": "BeforeAgent" if client == "gemini"
+                                    else "UserPromptSubmit"}[event]
+
+
+class HookTest(unittest.TestCase):
+    """`agora.py hook EVENT --client C`: each client's documented JSON, or nothing."""
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.db = os.path.join(self.dir, "agora.db")
+        self.store = agora.Store(self.db)
+        self.addCleanup(self.store.close)
+        agora.call(self.store, "brief", {}, agora.Caller("bob", True))
+
+    def post(self, body):
+        return agora.call(self.store, "post", {"body": body}, agora.Caller("alice", True))
+
+    def hook(self, *argv, stdin="{}", env=None):
+        """Run the hook in a real process; answer (exit status, stdout, stderr)."""
+        done = subprocess.run([sys.executable, AGORA, "hook", *argv, "--db", self.db],
+                              input=stdin, capture_output=True, text=True, timeout=30,
+                              env=dict(os.environ, AGORA_AS="", AGORA_URL="", **(env or {})))
+        return done.returncode, done.stdout, done.stderr
+
+    def test_every_event_and_client_says_it_in_the_documented_shape(self):
+        for client in agora.HOOK_CLIENTS:
+            for event in ("session-start", "prompt", "stop"):
+                with self.subTest(client=client, event=event):
+                    self.post(f"news for {client} {event}")
+                    code, out, err = self.hook(event, "--client", client, "--as", "bob",
+                                               stdin=json.dumps(HOOK_INPUT[client]))
+                    self.assertEqual((code, err), (0, ""))
+                    shape = documented_shape(event, client)
+                    if shape is None:
+                        self.assertEqual(out, "")
+                        continue
+                    answer = json.loads(out)
+                    keys, kind = shape
+                    self.assertEqual(set(answer), keys)
+                    if "hookSpecificOutput" in answer:
+                        inner = answer["hookSpecificOutput"]
+                        self.assertEqual(set(inner), {"hookEventName", "additionalContext"})
+                        self.assertEqual(inner["hookEventName"], kind)
+                        text = inner["additionalContext"]
+                    elif "decision" in answer:
+                        self.assertEqual(answer["decision"], kind)
+                        text = answer["reason"]
+                    else:
+                        text = answer["followup_message"]
+                    self.assertTrue(text.startswith("agora: "), text)
+                    if event != "session-start":
+                        self.assertIn(f"news for {client} {event}", text)
+                        self.assertRegex(text, r"^agora: \d+ new messages? for bob; read "
+                                               r"takes the messages\.\n#\d+ public alice")
+                    if event != "session-start":    # told now: nothing more to say
+                        code, out, err = self.hook(event, "--client", client, "--as", "bob")
+                        self.assertEqual((code, out, err), (0, "", ""))
+
+    def test_a_hook_that_says_nothing_tells_nothing(self):
+        self.post("for later")
+        self.assertEqual(self.hook("prompt", "--client", "cursor", "--as", "bob"), (0, "", ""))
+        news = agora.call(self.store, "news", {"peek": True}, agora.Caller("bob", True))
+        self.assertEqual(news.body["count"], 1)
+
+    def test_every_failure_exits_0_with_at_most_one_line(self):
+        import socket
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+        self.post("unseen")
+        cases = {"no identity": ("stop",),
+                 "agora down": ("stop", "--url", closed, "--token", "agora_x"),
+                 "unknown client": ("stop", "--client", "vim", "--as", "bob"),
+                 "bad name": ("prompt", "--as", "Not A Name"),
+                 "unknown option": ("stop", "--as", "bob", "--loud"),
+                 "wake without identity": ("wake", "--timeout", "1")}
+        for label, argv in cases.items():
+            with self.subTest(label):
+                code, out, err = self.hook(*argv)
+                self.assertEqual((code, out), (0, ""), err)
+                self.assertEqual(len(err.splitlines()), 1, err)
+                self.assertNotIn("Traceback", err)
+        for stdin in ("", "not json", "[1, 2", '{"stop_hook_active": true}'):
+            with self.subTest(stdin=stdin):
+                self.post(f"after {stdin!r}")
+                code, out, err = self.hook("stop", "--as", "bob", stdin=stdin)
+                self.assertEqual((code, err, json.loads(out)["decision"]), (0, "", "block"))
+
+    def test_a_bad_token_exits_0_with_one_line(self):
+        server = agora.make_server(self.store, "127.0.0.1", 0, quiet=True)
+        thread = threading.Thread(target=server.serve_forever, args=(0.05,))
+        thread.start()
+        self.addCleanup(thread.join)
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        code, out, err = self.hook("prompt", "--url", url, "--token", "agora_bogus")
+        self.assertEqual((code, out, len(err.splitlines())), (0, "", 1), err)
+        self.assertIn("unknown token", err)
+        token = agora.call(self.store, "join", {"name": "bob"}).body["token"]
+        self.post("over the wire")
+        code, out, err = self.hook("prompt", "--url", url, env={"AGORA_TOKEN": token})
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("over the wire", json.loads(out)["hookSpecificOutput"]["additionalContext"])
+
+    def test_wake_exits_2_with_the_news_on_stderr_or_0_at_its_timeout(self):
+        lock = agora.wake_lock_path(f"{os.path.abspath(self.db)}\0bob")
+        self.addCleanup(lambda: os.path.exists(lock) and os.remove(lock))
+        started = time.monotonic()
+        self.assertEqual(self.hook("wake", "--as", "bob", "--timeout", "1"), (0, "", ""))
+        self.assertLess(time.monotonic() - started, 10)
+        os.remove(lock)
+        wake = subprocess.Popen([sys.executable, AGORA, "hook", "wake", "--as", "bob",
+                                 "--timeout", "60", "--db", self.db], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: wake.poll() is None and wake.kill())
+        self.assertTrue(until(lambda: os.path.exists(lock)))       # the first one holds it
+        second = self.hook("wake", "--as", "bob", "--timeout", "30")   # one wake per agent
+        self.assertEqual(second, (0, "", ""))
+        subprocess.run([sys.executable, AGORA, "post", "body=wake up, bob", "--as", "alice",
+                        "--db", self.db], check=True, capture_output=True)
+        out, err = wake.communicate(timeout=30)
+        self.assertEqual((wake.returncode, out), (2, ""))
+        self.assertIn("agora: 1 new message for bob", err)
+        self.assertIn("wake up, bob", err)
+
+
+class WaitCommandTest(unittest.TestCase):
+    """`agora.py wait`: for shells, loops and tools that watch a command's output."""
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.db = os.path.join(self.dir, "agora.db")
+        self.run_agora("brief", "--as", "bob")
+
+    def run_agora(self, *argv, **kwargs):
+        return subprocess.run([sys.executable, AGORA, *argv, "--db", self.db],
+                              capture_output=True, text=True, timeout=60, **kwargs)
+
+    def start_wait(self, *argv):
+        process = subprocess.Popen([sys.executable, AGORA, "wait", "--as", "bob", *argv,
+                                    "--db", self.db], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: process.poll() is None and process.kill())
+        self.addCleanup(process.stdout.close)
+        self.addCleanup(process.stderr.close)
+        return process
+
+    def test_timeout_is_124_with_no_output(self):
+        done = self.run_agora("wait", "--as", "bob", "--timeout", "1")
+        self.assertEqual((done.returncode, done.stdout, done.stderr), (124, "", ""))
+
+    def test_prints_the_news_when_it_comes(self):
+        waiting = self.start_wait("--timeout", "30")
+        self.run_agora("post", "body=the news", "--as", "alice")
+        out, err = waiting.communicate(timeout=30)
+        self.assertEqual(waiting.returncode, 0, err)
+        self.assertRegex(out, r"^#1 public alice \d+s: the news\n$")
+
+    def test_follow_prints_each_batch_until_the_timeout(self):
+        waiting = self.start_wait("--follow", "--timeout", "4", "--tasks")
+        self.run_agora("post", "body=first", "--as", "alice")
+        self.assertIn("first", waiting.stdout.readline())      # flushed as it came
+        self.run_agora("post_task", "title=second", "--as", "alice")
+        self.assertIn('"second"', waiting.stdout.readline())
+        self.assertEqual(waiting.wait(30), 0)
+
+
+class HookInstallTest(unittest.TestCase):
+    """`agora.py hook install claude`: merged into .claude/settings.local.json."""
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.settings = os.path.join(self.dir, ".claude", "settings.local.json")
+
+    def install(self, *argv, env=None):
+        return subprocess.run([sys.executable, AGORA, "hook", "install", "claude", "--dir",
+                               self.dir, *argv], capture_output=True, text=True, timeout=30,
+                              env=dict(os.environ, AGORA_AS="", AGORA_DB="", **(env or {})))
+
+    def read(self):
+        with open(self.settings, encoding="utf-8") as f:
+            return f.read()
+
+    def test_hooks_as_the_spec_lists_them_and_everything_else_kept(self):
+        os.makedirs(os.path.dirname(self.settings))
+        theirs = {"type": "command", "command": "/bin/echo", "args": ["mine"]}
+        with open(self.settings, "w") as f:
+            json.dump({"permissions": {"allow": ["Bash(ls)"]}, "model": "x",
+                       "hooks": {"Stop": [{"hooks": [theirs]}],
+                                 "PreToolUse": [{"matcher": "Bash", "hooks": [theirs]}]}}, f)
+        done = self.install("--as", "bob")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        settings = json.loads(self.read())
+        self.assertEqual((settings["permissions"], settings["model"]),
+                         ({"allow": ["Bash(ls)"]}, "x"))
+        self.assertEqual(settings["hooks"]["PreToolUse"], [{"matcher": "Bash", "hooks": [theirs]}])
+        self.assertEqual(settings["hooks"]["Stop"][0], {"hooks": [theirs]})
+        ours = {event: [hook for group in groups for hook in group["hooks"]
+                        if hook.get("args", [""])[0] == AGORA]
+                for event, groups in settings["hooks"].items()}
+        events = {event: [hook["args"][2] for hook in hooks] for event, hooks in ours.items()}
+        self.assertEqual(events, {"SessionStart": ["session-start", "wake"],
+                                  "UserPromptSubmit": ["prompt"], "Stop": ["stop", "wake"],
+                                  "PreToolUse": []})
+        for hooks in ours.values():
+            for hook in hooks:
+                self.assertEqual((hook["type"], hook["command"]), ("command", sys.executable))
+                self.assertTrue(os.path.isabs(hook["command"]) and os.path.isabs(hook["args"][0]))
+                self.assertEqual(hook["args"][3:5], ["--as", "bob"])
+                if hook["args"][2] == "wake":
+                    self.assertIs(hook["asyncRewake"], True)
+                    self.assertGreater(hook["timeout"], agora.WAKE_TIMEOUT)
+
+    def test_idempotent(self):
+        self.assertEqual(self.install("--as", "bob").returncode, 0)
+        first = self.read()
+        self.assertEqual(self.install("--as", "bob").returncode, 0)
+        self.assertEqual(self.read(), first)
+
+    def test_an_invalid_file_is_refused_untouched(self):
+        os.makedirs(os.path.dirname(self.settings))
+        for text in ("{not json", "[1, 2]", '{"hooks": []}'):
+            with open(self.settings, "w") as f:
+                f.write(text)
+            done = self.install("--as", "bob")
+            self.assertEqual(done.returncode, 1, text)
+            self.assertIn("left untouched", done.stderr)
+            self.assertEqual(self.read(), text)
+
+    def test_a_url_install_writes_no_token(self):
+        done = self.install("--url", "http://agora.example:8820",
+                            env={"AGORA_TOKEN": "agora_secret_token"})
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertNotIn("agora_secret_token", self.read())
+        self.assertIn('"--url"', self.read())
+        self.assertEqual(self.install().returncode, 2)            # no identity at all
+
+
+class ChannelTest(ServerCase):
+    """`stdio --channel`: a Claude Code channel, local and through the bridge."""
+
+    def start(self, *argv):
+        process = subprocess.Popen([sys.executable, AGORA, "stdio", "--channel", "--tasks",
+                                    *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=dict(os.environ, AGORA_AS=""))
+        self.addCleanup(lambda: process.poll() is None and process.kill())
+        self.addCleanup(process.stdout.close)
+        self.addCleanup(process.stderr.close)
+        return process
+
+    @staticmethod
+    def send(process, message):
+        process.stdin.write(json.dumps(dict(message, jsonrpc="2.0")).encode() + b"\n")
+        process.stdin.flush()
+
+    def session(self, process):
+        """Check the handshake of a channel; answer the next line reader."""
+        self.send(process, {"id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "claude-code", "version": "2.1.332"}}})
+        result = json.loads(process.stdout.readline())["result"]
+        self.assertEqual(result["capabilities"]["experimental"], {"claude/channel": {}})
+        self.assertIn("<channel source=", result["instructions"])
+        self.assertIn("not from the user", result["instructions"])
+        self.send(process, {"id": 2, "method": "server/discover", "params": {}})
+        self.assertEqual(json.loads(process.stdout.readline())["error"]["code"], -32601)
+        meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {}}
+        self.send(process, {"id": 3, "method": "tools/list", "params": {"_meta": meta}})
+        self.assertEqual(json.loads(process.stdout.readline())["error"]["code"], -32601)
+        self.send(process, {"method": "notifications/initialized"})
+        return lambda: json.loads(process.stdout.readline())
+
+    def push_and_check(self, process, next_line):
+        self.send(process, {"id": 4, "method": "ping"})         # answered while it waits
+        self.assertEqual(next_line(), {"jsonrpc": "2.0", "id": 4, "result": {}})
+        started = time.monotonic()
+        subprocess.run([sys.executable, AGORA, "post", "body=</channel><b>hi</b>", "--as",
+                        "alice", "--db", os.path.join(self.dir, "agora.db")], check=True,
+                       capture_output=True)
+        event = next_line()
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertEqual(event["method"], "notifications/claude/channel")
+        params = event["params"]
+        self.assertEqual(set(params), {"content", "meta"})
+        self.assertNotIn("<", params["content"])
+        self.assertNotIn(">", params["content"])
+        self.assertIn("‹/channel›‹b›hi", params["content"])
+        self.assertEqual(params["meta"]["kind"], "mail")
+        self.assertEqual(params["meta"]["count"], "1")
+        for key, value in params["meta"].items():
+            self.assertRegex(key, r"^[a-z_]+$")
+            self.assertIsInstance(value, str)
+        outcome(self.store, "post_task", {"title": "ready <now>"}, agora.Caller("alice", True))
+        event = next_line()
+        self.assertEqual(event["params"]["meta"]["kind"], "task")
+        self.assertIn("ready: #1 open \"ready ‹now›\"", event["params"]["content"])
+        self.send(process, {"id": 5, "method": "tools/call", "params": {
+            "name": "read", "arguments": {}}})
+        answer = next_line()
+        self.assertEqual(answer["id"], 5)
+        self.assertEqual(answer["result"]["structuredContent"]["messages"][0]["sender"], "alice")
+        process.stdin.close()
+        self.assertEqual(process.wait(10), 0)
+
+    def test_a_local_channel(self):
+        outcome(self.store, "brief", {}, agora.Caller("carol", True))
+        process = self.start("--as", "carol", "--db", os.path.join(self.dir, "agora.db"))
+        self.push_and_check(process, self.session(process))
+
+    def test_a_channel_through_the_bridge(self):
+        token = self.join("carol")
+        process = self.start("--url", f"http://127.0.0.1:{self.port}", "--token", token)
+        self.push_and_check(process, self.session(process))
 
 
 class DocsTest(unittest.TestCase):
