@@ -26,8 +26,8 @@ clean:
 	rm -rf __pycache__ .pytest_cache $(INTEROP)
 
 # Real third-party clients against a real server: the official MCP Python SDK,
-# the MCP Inspector CLI, the MCP conformance suite, the A2A SDK and the A2A test
-# kit. They live in .interop/ (git-ignored, throwaway); agora.py never depends on
+# the MCP Inspector CLI, the MCP conformance suite, the A2A SDK, the A2A test
+# kit, and Claude Code checking the hooks file agora writes. They live in .interop/ (git-ignored, throwaway); agora.py never depends on
 # them. The A2A test kit (a2aproject/a2a-tck, branch 1.0-dev) is published on
 # neither PyPI nor npm: A2A_TCK names a copy of it, a .tar.gz made by
 # `git archive --prefix=a2a-tck/` or a checked-out folder, by default the one kept
@@ -35,6 +35,7 @@ clean:
 # run says so.
 INTEROP = .interop
 NODE22 = 22.23.5
+CLAUDE_CODE = 2.1.332
 NPM_FLAGS = --no-audit --no-fund --no-update-notifier --loglevel=error
 A2A_TCK ?= $(wildcard ../shared/kits/a2a-tck-1.0-dev.tar.gz)
 
@@ -62,6 +63,9 @@ $(INTEROP)/ready: Makefile
 	PATH="$$(cat $(INTEROP)/node-path):$$PATH" npm install --prefix $(INTEROP)/npm $(NPM_FLAGS) \
 	    --cache $(INTEROP)/npm-cache \
 	    @modelcontextprotocol/inspector@2.12.0 @modelcontextprotocol/conformance@0.1.16
+	# Claude Code, only for what it checks offline (its settings); it never logs in here.
+	npm install --prefix $(INTEROP)/claude $(NPM_FLAGS) --cache $(INTEROP)/npm-cache \
+	    --ignore-scripts @anthropic-ai/claude-code@$(CLAUDE_CODE)
 	touch $@
 
 # Speed and memory against floors measured in the same run.

@@ -2978,10 +2978,11 @@ HOOK_INPUT = {
                "stop_hook_active": False, "last_assistant_message": "done"},
     "codex": {"session_id": "s1", "turn_id": "t1", "hook_event_name": "Stop",
               "stop_hook_active": False, "last_assistant_message": "done", "model": "m"},
-    "gemini": {"session_id": "s1", "hook_event_name": "AfterAgent", "stop_hook_active": False,
-               "cwd": "/tmp"},
-    "cursor": {"conversation_id": "c1", "hook_event_name": "stop", "status": "completed",
-               "loop_count": 0},
+    "gemini": {"session_id": "s1", "transcript_path": "/tmp/t.json", "cwd": "/tmp",
+               "hook_event_name": "AfterAgent", "timestamp": "2026-12-01T09:00:00Z",
+               "prompt": "go on", "prompt_response": "done", "stop_hook_active": False},
+    "cursor": {"conversation_id": "c1", "generation_id": "g1", "hook_event_name": "stop",
+               "workspace_roots": ["/tmp"], "status": "completed", "loop_count": 0},
 }
 
 
@@ -3074,7 +3075,7 @@ class HookTest(unittest.TestCase):
                 self.assertEqual((code, out), (0, ""), err)
                 self.assertEqual(len(err.splitlines()), 1, err)
                 self.assertNotIn("Traceback", err)
-        for stdin in ("", "not json", "[1, 2", '{"stop_hook_active": true}'):
+        for stdin in ("", "not json", "[1, 2", '{"stop_hook_active": true}', '\ufeff{}'):
             with self.subTest(stdin=stdin):
                 self.post(f"after {stdin!r}")
                 code, out, err = self.hook("stop", "--as", "bob", stdin=stdin)
@@ -3317,6 +3318,42 @@ class DocsTest(unittest.TestCase):
         block = re.search(r"(?s)<!-- ops -->\n(.*?)<!-- /ops -->", readme)
         self.assertIsNotNone(block, "README.md lacks the <!-- ops --> block")
         self.assertEqual(block.group(1), agora.ops_markdown(), "run 'make docs'")
+
+    def test_the_hook_snippets_follow_each_clients_documented_schema(self):
+        """Codex and Gemini CLI: event -> groups of {hooks: [{type: command, command}]}
+        (Gemini's timeout in ms); Cursor: {version: 1, hooks: {stop: [{command}]}}."""
+        import shlex
+        with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+            blocks = re.findall(r"(?s)```json\n(.*?)```", f.read())
+        documented = {
+            "codex": ({"SessionStart": "session-start", "UserPromptSubmit": "prompt",
+                       "Stop": "stop"}, {"type", "command", "timeout", "statusMessage"}),
+            "gemini": ({"SessionStart": "session-start", "BeforeAgent": "prompt",
+                        "AfterAgent": "stop"}, {"type", "command", "timeout", "name",
+                                                "description"}),
+            "cursor": ({"stop": "stop"}, {"command", "timeout", "loop_limit", "matcher"})}
+        seen = set()
+        for block in blocks:
+            if "agora.py hook" not in block:
+                continue
+            config = json.loads(block)
+            client = re.search(r"--client (\w+)", block).group(1)
+            seen.add(client)
+            events, fields = documented[client]
+            self.assertEqual(set(config["hooks"]), set(events), client)
+            if client == "cursor":
+                self.assertEqual(config["version"], 1)
+            for event, entries in config["hooks"].items():
+                handlers = entries if client == "cursor" else [
+                    handler for group in entries for handler in group["hooks"]]
+                for handler in handlers:
+                    self.assertLessEqual(set(handler), fields, client)
+                    self.assertEqual(handler.get("type", "command"), "command")
+                    if client == "gemini":
+                        self.assertGreaterEqual(handler["timeout"], 1000)   # milliseconds
+                    argv = shlex.split(handler["command"])
+                    self.assertEqual(argv[2:6], ["hook", events[event], "--client", client])
+        self.assertEqual(seen, {"codex", "gemini", "cursor"})
 
 
 def run():

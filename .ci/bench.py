@@ -217,25 +217,37 @@ def main():
         claim_rate = throughput(port, "/api/claim", lambda i, s: b"{}", token)
         notes.append(f"claim throughput, 8 clients contending: {claim_rate:.0f} claims/s")
 
-        # read wait wake-up after a post from another process (reported only).
-        wakeups = []
-        agora.call(store, "brief", {}, agora.Caller("waiter", True))
-        for _ in range(10):
-            got = []
-            waiter = threading.Thread(target=lambda: got.append(
-                (agora.call(store, "read", {"wait": 10}, agora.Caller("waiter", True)),
-                 time.time())))
-            waiter.start()
-            time.sleep(0.2)
-            posted = subprocess.run(
-                [sys.executable, "-c", "import sys, time, agora; s = agora.Store(sys.argv[1]); "
-                 "agora.call(s, 'post', {'body': 'wake ' + sys.argv[2]}, agora.Caller('waker', True)); "
-                 "print(time.time()); s.close()", db, str(len(wakeups))], cwd=ROOT, check=True,
-                capture_output=True, text=True)
-            waiter.join()
-            wakeups.append((got[0][1] - float(posted.stdout)) * 1000)
-        notes.append(f"read wait wake-up after a post from another process: median "
-                     f"{statistics.median(wakeups):.0f} ms (max {max(wakeups):.0f} ms)")
+        # read wait and news wait wake-up after a post from another process (reported only).
+        for op in ("read", "news"):
+            wakeups = []
+            agora.call(store, "brief", {}, agora.Caller("waiter", True))
+            for _ in range(10):
+                got = []
+                waiter = threading.Thread(target=lambda: got.append(
+                    (agora.call(store, op, {"wait": 10}, agora.Caller("waiter", True)),
+                     time.time())))
+                waiter.start()
+                time.sleep(0.2)
+                posted = subprocess.run(
+                    [sys.executable, "-c", "import sys, time, agora; s = agora.Store(sys.argv[1]); "
+                     "agora.call(s, 'post', {'body': 'wake ' + sys.argv[2]}, "
+                     "agora.Caller('waker', True)); print(time.time()); s.close()", db,
+                     f"{op} {len(wakeups)}"], cwd=ROOT, check=True, capture_output=True, text=True)
+                waiter.join()
+                wakeups.append((got[0][1] - float(posted.stdout)) * 1000)
+            agora.call(store, "read", {"limit": 200}, agora.Caller("waiter", True))
+            notes.append(f"{op} wait wake-up after a post from another process: median "
+                         f"{statistics.median(wakeups):.0f} ms (max {max(wakeups):.0f} ms)")
+
+        # A hook runs on every prompt and stop of a coding client: its wall time (reported).
+        hook = [sys.executable, AGORA, "hook", "prompt", "--as", "hooked", "--db", db]
+        quiet = wall(lambda i: hook)
+        told = []
+        for i in range(15):
+            agora.call(store, "post", {"body": f"for the hook {i}"}, agora.Caller("waker", True))
+            told.append(wall(lambda i: hook, runs=1))
+        notes.append(f"hook prompt wall time: median {quiet:.0f} ms with nothing new, "
+                     f"{statistics.median(told):.0f} ms with news")
         store.close()
         rss = peak_rss_mb(server.pid)
         rows.append(("server peak RSS after the load (MB)", rss, None, "<= 50 MB",

@@ -166,6 +166,47 @@ def conformance_checks(url, workdir):
               f"exit {done.returncode}: {tail or done.stdout[-400:]}")
 
 
+CLAUDE = os.path.join(ROOT, ".interop", "claude", "node_modules", "@anthropic-ai",
+                      "claude-code-linux-x64", "claude")
+
+
+def claude_code_checks(workdir):
+    """Let the real Claude Code judge the settings file `hook install claude` writes.
+
+    `claude doctor` lists every invalid entry of a project's settings under
+    "Invalid settings" without a login; a broken copy must be flagged, or the
+    check proves nothing. Nothing here talks to a model.
+    """
+    if not os.path.exists(CLAUDE):
+        check("claude code is installed", False, CLAUDE)
+        return
+    home, project, broken = (os.path.join(workdir, name) for name in
+                             ("claude-home", "claude-project", "claude-broken"))
+    for folder in (home, project, broken):
+        os.makedirs(folder)
+    subprocess.run([sys.executable, AGORA, "hook", "install", "claude", "--as", "claude-agent",
+                    "--dir", project, "--db", os.path.join(workdir, "agora.db")], check=True,
+                   capture_output=True)
+    settings = os.path.join(project, ".claude", "settings.local.json")
+    with open(settings) as f:
+        hooks = json.load(f)
+    hooks["hooks"]["Stop"][0]["hooks"][0]["asyncRewake"] = "yes"
+    os.makedirs(os.path.join(broken, ".claude"))
+    with open(os.path.join(broken, ".claude", "settings.local.json"), "w") as f:
+        json.dump(hooks, f)
+
+    def doctor(folder):
+        return subprocess.run([CLAUDE, "doctor"], cwd=folder, capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL,
+                              env=dict(os.environ, HOME=home)).stdout
+    flagged = doctor(broken)
+    check("claude doctor flags a broken hook (so it reads the file)",
+          "Invalid settings" in flagged and "asyncRewake" in flagged, flagged[-600:])
+    report = doctor(project)
+    check("claude doctor accepts the hooks `hook install claude` writes",
+          "Claude Code doctor" in report and "Invalid settings" not in report, report[-600:])
+
+
 def worker_finishes(url, token, task_id, result, failed=False):
     """Be the agent that claims a board task, works a moment and finishes it."""
     def work():
@@ -374,6 +415,7 @@ def main():
         asyncio.run(sdk_unauthorized(url))
         inspector_checks(url, mint_token(db, "inspector"), db, home)
         conformance_checks(url, workdir)
+        claude_code_checks(workdir)
         asyncio.run(a2a_sdk_checks(url, mint_token(db, "a2a-client"),
                                    mint_token(db, "a2a-worker")))
         tck_checks(workdir)
