@@ -3081,7 +3081,7 @@ class HookTest(unittest.TestCase):
                 code, out, err = self.hook("stop", "--as", "bob", stdin=stdin)
                 self.assertEqual((code, err, json.loads(out)["decision"]), (0, "", "block"))
 
-    def test_a_bad_token_exits_0_with_one_line(self):
+    def test_over_the_wire_and_with_a_bad_token(self):
         server = agora.make_server(self.store, "127.0.0.1", 0, quiet=True)
         thread = threading.Thread(target=server.serve_forever, args=(0.05,))
         thread.start()
@@ -3097,6 +3097,12 @@ class HookTest(unittest.TestCase):
         code, out, err = self.hook("prompt", "--url", url, env={"AGORA_TOKEN": token})
         self.assertEqual((code, err), (0, ""))
         self.assertIn("over the wire", json.loads(out)["hookSpecificOutput"]["additionalContext"])
+        self.post("for the remote waiter")
+        done = subprocess.run([sys.executable, AGORA, "wait", "--url", url, "--token", token,
+                               "--timeout", "20"], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, AGORA_AS=""))
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("for the remote waiter", done.stdout)
 
     def test_wake_exits_2_with_the_news_on_stderr_or_0_at_its_timeout(self):
         lock = agora.wake_lock_path(f"{os.path.abspath(self.db)}\0bob")

@@ -170,7 +170,7 @@ CLAUDE = os.path.join(ROOT, ".interop", "claude", "node_modules", "@anthropic-ai
                       "claude-code-linux-x64", "claude")
 
 
-def claude_code_checks(workdir):
+def claude_code_checks(workdir, url, token):
     """Let the real Claude Code judge the settings file `hook install claude` writes.
 
     `claude doctor` lists every invalid entry of a project's settings under
@@ -205,6 +205,21 @@ def claude_code_checks(workdir):
     report = doctor(project)
     check("claude doctor accepts the hooks `hook install claude` writes",
           "Claude Code doctor" in report and "Invalid settings" not in report, report[-600:])
+    # The channel, local and bridged, as Claude Code connects to it (it probes the
+    # stateless revision first with MCP_PROTOCOL_NEGOTIATION=auto; a channel says no).
+    env = dict(os.environ, HOME=home, MCP_PROTOCOL_NEGOTIATION="auto")
+    for name, argv in (("agora-channel", ["--as", "claude-agent", "--db",
+                                          os.path.join(workdir, "agora.db")]),
+                       ("agora-bridge", ["--url", url, "--token", token])):
+        subprocess.run([CLAUDE, "mcp", "add", name, "--", sys.executable, AGORA, "stdio",
+                        "--channel", *argv], cwd=project, env=env, check=True,
+                       capture_output=True, stdin=subprocess.DEVNULL)
+    listed = subprocess.run([CLAUDE, "mcp", "list"], cwd=project, env=env, capture_output=True,
+                            text=True, timeout=120, stdin=subprocess.DEVNULL).stdout
+    for name in ("agora-channel", "agora-bridge"):
+        line = next((line for line in listed.splitlines() if line.startswith(name + ":")), "")
+        check(f"claude mcp list: {name} (stdio --channel) is connected", "Connected" in line,
+              listed[-600:])
 
 
 def worker_finishes(url, token, task_id, result, failed=False):
@@ -415,7 +430,7 @@ def main():
         asyncio.run(sdk_unauthorized(url))
         inspector_checks(url, mint_token(db, "inspector"), db, home)
         conformance_checks(url, workdir)
-        claude_code_checks(workdir)
+        claude_code_checks(workdir, url, mint_token(db, "claude-bridge"))
         asyncio.run(a2a_sdk_checks(url, mint_token(db, "a2a-client"),
                                    mint_token(db, "a2a-worker")))
         tck_checks(workdir)
