@@ -45,6 +45,8 @@ SEEN_THROTTLE = 10          # seconds between two writes of an agent's "seen"
 WAIT_POLL = 0.05            # how often a long-poll looks for another process's post
 SYSTEM_SENDER = "agora"     # the board's own voice; nobody can join as it
 TOP_OPEN_TASKS = 3
+MAX_AFTER = 50              # tasks one task may wait for
+MAX_PATTERNS = 50           # paths one reserve call may claim
 BUSY_TIMEOUT = 30
 GROUP_COMMIT_MAX = 64       # write blocks that may share one commit (and one fsync)
 
@@ -65,7 +67,7 @@ PATTERN_RULES = {
     A2A_PAGE_TOKEN: "a page token this server gave",
 }
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 NEWEST_MESSAGE = "SELECT coalesce(max(id), 0) FROM messages"
 NEWEST_READY = "SELECT coalesce(max(ready_seq), 0) FROM tasks"
 
@@ -223,6 +225,27 @@ ALTER TABLE agents ADD COLUMN told_id INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE agents ADD COLUMN told_ready INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks ADD COLUMN ready_seq INTEGER;
 CREATE INDEX tasks_by_ready ON tasks (ready_seq) WHERE ready_seq IS NOT NULL;
+""",
+    # Plans and path reservations: a task waits for the tasks in its `after`;
+    # an agent reserves glob patterns of paths in a project, for a lease.
+    5: """
+CREATE TABLE task_deps (
+    task_id INTEGER NOT NULL,
+    after_id INTEGER NOT NULL,
+    PRIMARY KEY (task_id, after_id)
+) WITHOUT ROWID;
+CREATE INDEX task_deps_by_after ON task_deps (after_id);
+CREATE TABLE reservations (
+    project TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    path TEXT NOT NULL,
+    exclusive INTEGER NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    created INTEGER NOT NULL,
+    expires INTEGER NOT NULL,
+    PRIMARY KEY (project, agent, path)
+) WITHOUT ROWID;
+CREATE INDEX reservations_by_agent ON reservations (agent, expires);
 """,
 }
 
@@ -762,10 +785,11 @@ LIMIT = _integer(1, 200, default=20)
 LEASE = _integer(1, 86400, "seconds", default=600)
 MESSAGE_BODY = _string(1, 16384)
 LONG_TEXT = _string(0, 16384)
-PROJECT_NAME = _string(description='namespace; "" is global', pattern=PROJECT, default="")
-NOTE_KEY_NAME = _string(description="e.g. design/api", pattern=NOTE_KEY)
+PROJECT_NAME = _string(pattern=PROJECT, default="")
+NOTE_KEY_NAME = _string(pattern=NOTE_KEY)
+FLAG = {"type": "boolean"}      # absent is false
 TAGS = {"type": "array", "items": NAME, "maxItems": 20,
-        "description": "list, or one comma-separated string"}
+        "description": "list or comma string"}
 
 
 # Helpers shared by the handlers ----------------------------------------------
@@ -806,9 +830,22 @@ def _message_line(message, now):
 # open. Every query and record of a task says it through TASK_STATE.
 TASK_STATE = ("(CASE WHEN status = 'claimed' AND lease_until <= :now THEN 'open' "
               "ELSE status END)")
-TASK_ROWS = f"SELECT *, {TASK_STATE} AS state FROM tasks"
+# A task waits while a task in its `after` is not done; an open task waiting for
+# nothing is ready. (A failed or cancelled blocker keeps it waiting.)
+WAITING = ("EXISTS (SELECT 1 FROM task_deps d JOIN tasks b ON b.id = d.after_id "
+           "WHERE d.task_id = tasks.id AND b.status != 'done')")
+TASK_ROWS = (f"SELECT *, {TASK_STATE} AS state, (SELECT group_concat(after_id) FROM task_deps "
+             "WHERE task_id = tasks.id) AS after_ids, (SELECT group_concat(d.after_id) "
+             "FROM task_deps d JOIN tasks b ON b.id = d.after_id WHERE d.task_id = tasks.id "
+             "AND b.status != 'done') AS waiting_ids FROM tasks")
 OPEN_TASK = f"status IN ('open', 'claimed') AND {TASK_STATE} = 'open'"
+READY_TASK = f"{OPEN_TASK} AND NOT {WAITING}"
+BLOCKED_TASK = f"{OPEN_TASK} AND {WAITING}"
 HELD_TASK = f"status = 'claimed' AND {TASK_STATE} = 'claimed'"
+
+
+def _ids(text):
+    return sorted(int(part) for part in text.split(",")) if text else []
 
 
 def _task(row):
@@ -818,6 +855,7 @@ def _task(row):
                                       "updated")}
     task["status"] = row["state"]
     task["tags"] = row["tags"].split(",") if row["tags"] else []
+    task["after"], task["waiting_for"] = _ids(row["after_ids"]), _ids(row["waiting_ids"])
     if row["state"] != row["status"]:
         task.update(owner=None, lease_until=None)
     return task
@@ -829,6 +867,8 @@ def _task_line(task, now):
         state = f"claimed by {task['owner']} ({age(task['lease_until'] - now)} left)"
     elif state in ("done", "failed") and task["owner"]:
         state = f"{state} by {task['owner']}"
+    if state == "open" and task["waiting_for"]:
+        state = "waits for " + ", ".join(f"#{i}" for i in task["waiting_for"])
     priority = f" p{task['priority']}" if task["priority"] else ""
     tags = f" [{','.join(task['tags'])}]" if task["tags"] else ""
     line = (f"#{task['id']} {state}{priority} \"{clip(task['title'], 100)}\"{tags} "
@@ -935,12 +975,91 @@ def _mark_told(db, me, message_id=None, ready=False):
         db.execute(f"UPDATE agents SET told_ready = ({NEWEST_READY}) WHERE name = ?", (me,))
 
 
+# Path reservations: glob patterns of relative paths. A segment is a glob in which
+# '*' is any run of characters (none included) and '?' one character, never '/';
+# a '**' segment is any number of segments (none included); a trailing '/' is the
+# whole folder. Two patterns overlap when some path matches both.
+
+PATTERN_RULE = ("a relative path of '/'-separated parts with * ? and ** as a whole part "
+                "(1-300 characters; no leading '/', no empty, '.' or '..' parts)")
+
+
+def reservation_pattern(text):
+    """Answer TEXT as a stored pattern (a trailing '/' spelled '/**'), or raise BadRequest."""
+    pattern = text + "**" if text.endswith("/") else text
+    parts = pattern.split("/")
+    if (text.startswith("/") or any(part in ("", ".", "..") for part in parts)
+            or any("**" in part and part != "**" for part in parts)
+            or re.search(r"[\x00-\x1f\x7f\\]", text)):
+        raise BadRequest(f"paths must each be {PATTERN_RULE} (got {text!r:.60})")
+    return pattern
+
+
+def _meet(p, q, pair_meets, span):
+    """Answer whether sequences P and Q can be matched by one string; SPAN is the item
+    that matches any run of items (none included), PAIR_MEETS whether two others can."""
+    seen = {}
+
+    def meet(i, j):
+        if (i, j) not in seen:
+            seen[i, j] = (
+                (i == len(p) and j == len(q))
+                or (i < len(p) and p[i] == span and (meet(i + 1, j) or j < len(q)
+                                                     and meet(i, j + 1)))
+                or (j < len(q) and q[j] == span and (meet(i, j + 1) or i < len(p)
+                                                     and meet(i + 1, j)))
+                or (i < len(p) and j < len(q) and span not in (p[i], q[j])
+                    and pair_meets(p[i], q[j]) and meet(i + 1, j + 1)))
+        return seen[i, j]
+    return meet(0, 0)
+
+
+def _characters_meet(a, b):
+    return a == b or "?" in (a, b)
+
+
+def patterns_overlap(first, second):
+    """Answer whether some path matches both patterns (decided exactly, not by example)."""
+    return _meet(first.split("/"), second.split("/"),
+                 lambda x, y: _meet(x, y, _characters_meet, "*"), "**")
+
+
+def path_matches(pattern, path):
+    """Answer whether PATH (a plain relative path) matches PATTERN."""
+    def segment_matches(glob, name):
+        return re.fullmatch("".join("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c)
+                                    for c in glob), name) is not None
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    return _meet(pattern.split("/"), parts, segment_matches, "**")
+
+
+def _reservation(row, now):
+    return {"agent": row["agent"], "project": row["project"], "path": row["path"],
+            "exclusive": bool(row["exclusive"]), "reason": row["reason"],
+            "created": row["created"], "expires": row["expires"]}
+
+
+def _reservation_terms(reservation, now):
+    kind = "exclusive" if reservation["exclusive"] else "shared"
+    reason = f": {reservation['reason']}" if reservation["reason"] else ""
+    return f"{kind}, {age(reservation['expires'] - now)} left{reason}"
+
+
+def _reservation_line(reservation, now):
+    project = f" in {reservation['project']}" if reservation["project"] else ""
+    return (f"{reservation['path']}{project} {reservation['agent']} "
+            f"({_reservation_terms(reservation, now)})")
+
+
+LIVE_RESERVATION = "expires > :now"
+
+
 # Agents -----------------------------------------------------------------------
 
-@operation("join", "Register an agent and answer its bearer token, shown once. "
-           "Joining as yourself (with your token, or locally) rotates the token.",
+@operation("join", "Register an agent; answers its bearer token, shown once. Joining as "
+           "yourself rotates it.",
            {"name": NAME, "about": _string(0, 500, "what you do"),
-            "key": _string(0, 200, "the server's join key, if it has one")},
+            "key": _string(0, 200, "the server's join key")},
            required=["name"], open=True)
 def op_join(store, caller, args, now):
     """Register NAME, or rotate its token when the caller already is NAME."""
@@ -972,9 +1091,9 @@ def op_join(store, caller, args, now):
                   f"send it as 'Authorization: Bearer <token>'; call brief first")
 
 
-@operation("brief", "Start here, and call it whenever you wake: your unread counts, the "
-           "tasks you hold, open tasks and notes changed since your last brief.",
-           {"status": _string(0, 200, "what you are doing now, shown to others")})
+@operation("brief", "Start here, and whenever you wake: unread counts, what you hold, "
+           "ready tasks, notes changed since your last brief.",
+           {"status": _string(0, 200, "what you are doing")})
 def op_brief(store, caller, args, now):
     """Set the caller's status if given, and summarise what waits for it."""
     me = caller.name
@@ -989,14 +1108,18 @@ def op_brief(store, caller, args, now):
         held = [_task(row) for row in db.execute(
             f"{TASK_ROWS} WHERE owner = :me AND {HELD_TASK} ORDER BY lease_until",
             {"me": me, "now": now})]
-        open_count = db.execute(f"SELECT count(*) FROM tasks WHERE {OPEN_TASK}",
-                                {"now": now}).fetchone()[0]
+        open_count, blocked = db.execute(
+            f"SELECT coalesce(sum(NOT {WAITING}), 0), coalesce(sum({WAITING}), 0) "
+            f"FROM tasks WHERE {OPEN_TASK}", {"now": now}).fetchone()
         top = [_task(row) for row in db.execute(
-            f"{TASK_ROWS} WHERE {OPEN_TASK} ORDER BY priority DESC, id LIMIT :top",
+            f"{TASK_ROWS} WHERE {READY_TASK} ORDER BY priority DESC, id LIMIT :top",
             {"now": now, "top": TOP_OPEN_TASKS})]
         changed = [_note(row, with_body=False) for row in db.execute(
             "SELECT * FROM notes WHERE updated > ? AND author != ? "
             "ORDER BY updated DESC LIMIT 10", (agent["briefed"], me))]
+        reserved = [_reservation(row, now) for row in db.execute(
+            f"SELECT * FROM reservations WHERE agent = :me AND {LIVE_RESERVATION} "
+            "ORDER BY project, path", {"me": me, "now": now})]
     total = sum(unread.values())
     if total:
         hint = f"read: {total} new message{'s' if total != 1 else ''}"
@@ -1012,15 +1135,19 @@ def op_brief(store, caller, args, now):
     if total:
         lines.append(f"unread {total}: " + ", ".join(f"{ch} {n}" for ch, n in unread.items()))
     lines += [f"holding {_task_line(task, now)}" for task in held]
-    if open_count:
-        lines.append(f"open tasks {open_count}; top:")
+    lines += [f"reserved {_reservation_line(r, now)}" for r in reserved]
+    if open_count or blocked:
+        waiting = f" ({blocked} more wait for others: tasks which=blocked)" if blocked else ""
+        lines.append(f"ready tasks {open_count}{waiting}" + ("; top:" if top else ""))
         lines += [f"  {_task_line(task, now)}" for task in top]
     if changed:
         lines.append("notes changed: " + ", ".join(
             f"{_note_name(n)} v{n['version']} by {n['author']}" for n in changed))
     lines.append(f"next: {hint}")
     body = {"agent": me, "unread": {"total": total, "channels": unread}, "held": held,
-            "open": {"count": open_count, "top": top}, "notes_changed": changed,
+            "reserved": reserved,
+            "open": {"count": open_count, "blocked": blocked, "top": top},
+            "notes_changed": changed,
             "hint": hint}
     return Result(200, body, "\n".join(lines))
 
@@ -1057,8 +1184,8 @@ def op_agents(store, caller, args, now):
 
 # Channels and messages ----------------------------------------------------------
 
-@operation("channels", "Channels with message counts, whether you follow each and your "
-           "unread count.", readonly=True)
+@operation("channels", "Channels with message counts, whether you follow each, your unread "
+           "count.", readonly=True)
 def op_channels(store, caller, args, now):
     """List the channels (mailboxes are not listed)."""
     me = caller.name
@@ -1103,8 +1230,8 @@ def _require_channel(db, name):
         raise NotFound(f"no channel {name}", hint="channels lists them")
 
 
-@operation("follow", "Start reading a channel: new messages from now, or from where you "
-           "stopped if you followed it before.", {"channel": NAME}, required=["channel"])
+@operation("follow", "Start reading a channel: from now, or from where you stopped "
+           "before.", {"channel": NAME}, required=["channel"])
 def op_follow(store, caller, args, now):
     """Make the caller follow a channel."""
     channel = args["channel"]
@@ -1143,13 +1270,13 @@ SAME_POST = ("sender = :sender AND digest = :digest AND ts >= :since AND channel
              "AND body = :body AND reply_to IS :reply_to")
 
 
-@operation("post", "Post to a channel (default public), or send direct mail with to=AGENT. "
-           f"An identical post within {DEDUP_SECONDS} s is not stored twice.",
+@operation("post", "Post to a channel (default public), or direct mail with to=AGENT. "
+           f"An identical post within {DEDUP_SECONDS} s is stored once.",
            {"body": MESSAGE_BODY,
-            "channel": _string(description="default public; @agent is direct mail",
+            "channel": _string(description="default public",
                                pattern=CHANNEL_OR_MAILBOX),
             "to": _string(description="an agent: direct mail", pattern=SLUG),
-            "reply_to": dict(ID, description="the message id this answers")},
+            "reply_to": dict(ID, description="the message answered")},
            required=["body"])
 def op_post(store, caller, args, now):
     """Store one message, or answer the identical one posted moments ago."""
@@ -1209,10 +1336,10 @@ def _deliver(db, me, limit):
     return delivered, remaining
 
 
-@operation("read", "Deliver your new messages (mailbox and followed channels), oldest "
-           "first, each exactly once. With wait, block until something arrives.",
+@operation("read", "Deliver your new messages (mailbox, followed channels) once each, "
+           "oldest first; wait blocks until some arrive.",
            {"limit": LIMIT,
-            "wait": _integer(0, MAX_WAIT, "seconds to wait when nothing is new", default=0)})
+            "wait": _integer(0, MAX_WAIT, "seconds", default=0)})
 def op_read(store, caller, args, now):
     """Deliver unread messages, waiting up to WAIT seconds for the first one."""
     deadline = time.monotonic() + args["wait"]
@@ -1270,11 +1397,10 @@ def news_summary(previews, count, tasks, now):
     return "\n".join(lines) or "nothing new"
 
 
-@operation("news", "What arrived that you were not told of yet: unread messages (read still "
-           "takes them) and, with tasks=true, tasks now ready. Marks them told unless peek.",
-           {"wait": _integer(0, MAX_WAIT, "seconds to wait for news", default=0),
-            "tasks": {"type": "boolean", "default": False},
-            "peek": {"type": "boolean", "default": False}})
+@operation("news", "Unread messages not told to you yet (read still takes them), with "
+           "tasks=true tasks now ready. Marks them told unless peek.",
+           {"wait": _integer(0, MAX_WAIT, "seconds", default=0),
+            "tasks": FLAG, "peek": FLAG})
 def op_news(store, caller, args, now):
     """Report untold unread messages (and ready tasks), waiting up to WAIT seconds."""
     me, deadline = caller.name, time.monotonic() + args["wait"]
@@ -1294,11 +1420,11 @@ def op_news(store, caller, args, now):
                         "summary": summary}, summary)
 
 
-@operation("history", "Past messages of a channel, newest page first (oldest first within "
-           "it); @agent is your conversation with that agent. Moves no cursor.",
+@operation("history", "Past messages of a channel, a page at a time; @agent is your "
+           "conversation with that agent. Moves no cursor.",
            {"channel": _string(description="a channel, or @agent", pattern=CHANNEL_OR_MAILBOX),
             "before": {"type": "integer", "minimum": 0, "default": 0,
-                       "description": "only ids below this; 0 = newest"},
+                       "description": "ids below this; 0 = newest"},
             "limit": LIMIT},
            required=["channel"], readonly=True)
 def op_history(store, caller, args, now):
@@ -1433,9 +1559,9 @@ def _search_notes(db, me, terms, limit, fts, now):
 SEARCHES = {"messages": _search_messages, "tasks": _search_tasks, "notes": _search_notes}
 
 
-@operation("search", "Full-text search over the messages you may see, tasks and notes, "
+@operation("search", "Full-text search of the messages you may see, tasks and notes, "
            "best first.",
-           {"q": _string(1, 200, "words to find"),
+           {"q": _string(1, 200),
             "scope": {"type": "string", "enum": ["all", "messages", "notes", "tasks"],
                       "default": "all"},
             "limit": LIMIT},
@@ -1472,7 +1598,8 @@ def op_search(store, caller, args, now):
 
 
 TASK_LISTS = {
-    "open": (OPEN_TASK, "priority DESC, id"),
+    "open": (READY_TASK, "priority DESC, id"),
+    "blocked": (BLOCKED_TASK, "priority DESC, id"),
     "mine": (f"owner = :me AND {HELD_TASK}", "id DESC"),
     "posted": ("poster = :me AND status IN ('open', 'claimed')", "id DESC"),
     "done": ("status IN ('done', 'failed')", "updated DESC, id DESC"),
@@ -1480,26 +1607,121 @@ TASK_LISTS = {
 }
 
 
-@operation("post_task", "Put a task on the board for any agent to claim.",
-           {"title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS,
-            "priority": _integer(-1000, 1000, "higher is taken first", default=0)},
+def _check_after(db, task_id, after):
+    """Refuse an AFTER list for task TASK_ID that names an unknown task or makes a cycle."""
+    known = {row[0] for row in db.execute(
+        f"SELECT id FROM tasks WHERE id IN ({','.join('?' * len(after))})", after)}
+    for other in after:
+        if other not in known:
+            raise NotFound(f"no task #{other} to wait for", hint="see tasks which=all")
+    for other in after if task_id is not None else ():
+        path = _dependency_path(db, other, task_id)
+        if path is not None:
+            cycle = " -> ".join(f"#{i}" for i in [task_id] + path)
+            raise BadRequest(f"after would make a cycle: {cycle}",
+                             hint="a task cannot wait, even through others, for itself")
+
+
+def _dependency_path(db, start, goal):
+    """Answer the chain of waits from task START to GOAL ([START, ..., GOAL]), or None."""
+    parents, frontier = {start: None}, [start]
+    while frontier:
+        if goal in parents:
+            break
+        marks = ",".join("?" * len(frontier))
+        step = db.execute(f"SELECT task_id, after_id FROM task_deps WHERE task_id IN ({marks})",
+                          frontier).fetchall()
+        frontier = []
+        for task, after in step:
+            if after not in parents:
+                parents[after] = task
+                frontier.append(after)
+    if goal not in parents:
+        return None
+    path, node = [], goal
+    while node is not None:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def _set_after(db, task_id, after):
+    db.execute("DELETE FROM task_deps WHERE task_id = ?", (task_id,))
+    db.executemany("INSERT INTO task_deps (task_id, after_id) VALUES (?, ?)",
+                   [(task_id, other) for other in after])
+
+
+def _mark_ready(db, task_ids, now):
+    """Number the tasks of TASK_IDS that are ready now, so news can tell of them once."""
+    for task_id in task_ids:
+        db.execute(f"UPDATE tasks SET ready_seq = ({NEWEST_READY}) + 1 WHERE id = :id AND "
+                   f"{READY_TASK}", {"id": task_id, "now": now})
+
+
+AFTER = {"type": "array", "items": ID, "maxItems": MAX_AFTER,
+         "description": "task ids to wait for"}
+PRIORITY = _integer(-1000, 1000, "higher is taken first", default=0)
+
+
+@operation("post_task", "Put a task on the board for any agent to claim; with after, it "
+           "waits for those tasks to be done.",
+           {"title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS, "priority": PRIORITY,
+            "after": AFTER},
            required=["title"])
 def op_post_task(store, caller, args, now):
-    """Add an open task to the board."""
-    tags = sorted(set(args["tags"] or []))
+    """Add an open task to the board, waiting for the tasks in AFTER if given."""
+    tags, after = sorted(set(args["tags"] or [])), sorted(set(args["after"] or []))
     with store.transaction(write=True) as db:
+        _check_after(db, None, after)
         task_id = db.execute(
-            "INSERT INTO tasks (title, body, tags, priority, poster, created, updated, "
-            f"ready_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ({NEWEST_READY}) + 1)",
+            "INSERT INTO tasks (title, body, tags, priority, poster, created, updated) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (args["title"], args["body"] or "", ",".join(tags), args["priority"],
              caller.name, now, now)).lastrowid
         db.executemany("INSERT INTO task_tags (tag, task_id) VALUES (?, ?)",
                        [(tag, task_id) for tag in tags])
-    return Result(200, {"id": task_id}, f"posted task #{task_id} \"{clip(args['title'])}\"")
+        _set_after(db, task_id, after)
+        _mark_ready(db, [task_id], now)
+    waits = f"; it waits for {', '.join(f'#{i}' for i in after)}" if after else ""
+    return Result(200, {"id": task_id}, f"posted task #{task_id} \"{clip(args['title'])}\""
+                  f"{waits}")
 
 
-@operation("tasks", "List tasks: open (default, best first), mine (held by you), posted "
-           "(by you, unfinished), done (done or failed) or all.",
+@operation("update_task", "Change an open task you posted; after replaces its list.",
+           {"id": ID, "title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS,
+            "priority": _integer(-1000, 1000), "after": AFTER},
+           required=["id"])
+def op_update_task(store, caller, args, now):
+    """Change the given fields of an open task the caller posted."""
+    with store.transaction(write=True) as db:
+        task = _task(_find_task(db, args["id"], now))
+        if task["poster"] != caller.name:
+            raise Forbidden(f"only its poster, {task['poster']}, can change task #{task['id']}")
+        if task["status"] != "open":
+            raise Conflict(f"task #{task['id']} is {task['status']}: only an open task changes",
+                           hint="post_task a new one")
+        changes = {field: args[field] for field in ("title", "body", "priority")
+                   if args[field] is not None}
+        if args["tags"] is not None:
+            tags = sorted(set(args["tags"]))
+            changes["tags"] = ",".join(tags)
+            db.execute("DELETE FROM task_tags WHERE task_id = ?", (task["id"],))
+            db.executemany("INSERT INTO task_tags (tag, task_id) VALUES (?, ?)",
+                           [(tag, task["id"]) for tag in tags])
+        if args["after"] is not None:
+            after = sorted(set(args["after"]))
+            _check_after(db, task["id"], after)
+            _set_after(db, task["id"], after)
+        db.execute(f"UPDATE tasks SET {''.join(f'{field} = :{field}, ' for field in changes)}"
+                   "updated = :now WHERE id = :id", dict(changes, now=now, id=task["id"]))
+        if task["waiting_for"]:
+            _mark_ready(db, [task["id"]], now)
+        task = _task(_find_task(db, task["id"], now))
+    return Result(200, {"task": task}, f"updated {_task_line(task, now)}")
+
+
+@operation("tasks", "List tasks: open (ready, best first), blocked, mine (held), posted "
+           "(yours, unfinished), done or all.",
            {"which": {"type": "string", "enum": list(TASK_LISTS), "default": "open"},
             "tag": NAME, "limit": LIMIT},
            readonly=True)
@@ -1528,9 +1750,15 @@ def op_task(store, caller, args, now):
     """Show one task with its body and result."""
     with store.transaction() as db:
         task = _task(_find_task(db, args["id"], now))
+        blockers = _blockers(db, task["after"], now) if task["after"] else []
     lines = [_task_line(task, now)]
     if task["body"]:
         lines.append(task["body"])
+    for blocker in blockers:
+        result = (blocker["result"] or "").strip().splitlines()
+        lines.append(f"after #{blocker['id']} {blocker['status']} \"{clip(blocker['title'], 60)}\""
+                     + (f": {clip(result[0], 120)}" if blocker["status"] == "done" and result
+                        else ""))
     if task["result"] and task["status"] in ("done", "failed"):
         lines.append(f"result: {task['result']}")
     return Result(200, {"task": task}, "\n".join(lines))
@@ -1540,8 +1768,8 @@ def _quote(task):
     return f"#{task['id']} \"{clip(task['title'], 60)}\""
 
 
-@operation("claim", "Take a task under a lease: the given id, or the best open one "
-           "(optionally with a tag). Exactly one claimer wins.",
+@operation("claim", "Take a task under a lease: the given id, or the best ready one "
+           "(with a tag if given). Exactly one claimer wins.",
            {"id": ID, "tag": NAME, "lease": LEASE})
 def op_claim(store, caller, args, now):
     """Claim one task atomically."""
@@ -1561,15 +1789,20 @@ def op_claim(store, caller, args, now):
                                owner=task["owner"], lease_until=task["lease_until"])
             if task["status"] != "open":
                 raise Conflict(f"task #{task['id']} is {task['status']}")
+            if task["waiting_for"]:
+                raise Conflict(f"task #{task['id']} waits for "
+                               f"{_blockers_text(db, task['waiting_for'], now)}",
+                               hint="claim a ready task (tasks lists them)",
+                               waiting_for=task["waiting_for"])
         else:
             tagged = ("AND id IN (SELECT task_id FROM task_tags WHERE tag = :tag) "
                       if args["tag"] is not None else "")
-            row = db.execute(f"{TASK_ROWS} WHERE {OPEN_TASK} {tagged}"
+            row = db.execute(f"{TASK_ROWS} WHERE {READY_TASK} {tagged}"
                              "ORDER BY priority DESC, id LIMIT 1",
                              {"now": now, "tag": args["tag"]}).fetchone()
             if row is None:
                 tagged = f" tagged {args['tag']}" if args["tag"] is not None else ""
-                raise NotFound(f"no open task{tagged}", hint="post_task adds one")
+                raise NotFound(f"no open task{tagged} is ready to claim", hint="post_task adds one")
             task = _task(row)
         lease_until = now + args["lease"]
         db.execute("UPDATE tasks SET status = 'claimed', owner = ?, lease_until = ?, "
@@ -1582,6 +1815,39 @@ def op_claim(store, caller, args, now):
                   f"{_task_line(task, now)}\n"
                   f"next: done id={task['id']} result=... when finished; "
                   f"extend id={task['id']} if you need longer")
+
+
+def _blockers(db, task_ids, now):
+    """Answer the tasks of TASK_IDS, in id order."""
+    ids = {f"id{n}": task_id for n, task_id in enumerate(task_ids)}
+    return [_task(row) for row in db.execute(
+        f"{TASK_ROWS} WHERE id IN ({','.join(':' + key for key in ids)}) ORDER BY id",
+        dict(ids, now=now))]
+
+
+def _blockers_text(db, task_ids, now):
+    return ", ".join(f"#{task['id']} ({task['status']})" for task in _blockers(db, task_ids, now))
+
+
+def _dependents_hear(db, task, me, now):
+    """Tell the posters of the tasks waiting for TASK what its end means for them: ready
+    when it was their last blocker and is done, still waiting when it failed or ended."""
+    rows = db.execute(f"{TASK_ROWS} WHERE id IN (SELECT task_id FROM task_deps WHERE "
+                      f"after_id = :id) AND {OPEN_TASK}", {"id": task["id"], "now": now})
+    for dependent in [_task(row) for row in rows]:
+        if task["status"] == "done" and not dependent["waiting_for"]:
+            _mark_ready(db, [dependent["id"]], now)
+            done = ", ".join(f"#{i}" for i in dependent["after"])
+            text = (f"{_quote(dependent)} is ready: {done} "
+                    f"{'is' if len(dependent['after']) == 1 else 'are'} done")
+        elif task["status"] in ("failed", "cancelled"):
+            text = (f"{_quote(dependent)} waits for #{task['id']}, which "
+                    f"{'failed' if task['status'] == 'failed' else 'was cancelled'}: "
+                    f"update_task id={dependent['id']} after=... or cancel id={dependent['id']}")
+        else:
+            continue
+        if dependent["poster"] != me:
+            _tell(db, dependent["poster"], text, now)
 
 
 def _held_task(db, task_id, me, now):
@@ -1597,7 +1863,7 @@ def _held_task(db, task_id, me, now):
 
 
 @operation("extend", "Renew your lease on a task you hold (also after it ran out, if "
-           "nobody else claimed it).", {"id": ID, "lease": LEASE}, required=["id"])
+           "nobody took it).", {"id": ID, "lease": LEASE}, required=["id"])
 def op_extend(store, caller, args, now):
     """Move the caller's lease on a task forward."""
     with store.transaction(write=True) as db:
@@ -1610,7 +1876,7 @@ def op_extend(store, caller, args, now):
 
 @operation("done", "Finish a task you hold, with its result; failed=true marks it failed.",
            {"id": ID, "result": LONG_TEXT,
-            "failed": {"type": "boolean", "default": False}},
+            "failed": FLAG},
            required=["id"])
 def op_done(store, caller, args, now):
     """Mark a held task done or failed and tell its poster."""
@@ -1625,6 +1891,7 @@ def op_done(store, caller, args, now):
             result = f": {clip(task['result'], 200)}" if task["result"] else ""
             _tell(db, task["poster"], f"{me} finished your task {_quote(task)} as "
                                       f"{state}{result}", now)
+        _dependents_hear(db, task, me, now)
     return Result(200, {"task": task}, _task_line(task, now))
 
 
@@ -1660,6 +1927,7 @@ def op_cancel(store, caller, args, now):
         task = _task(_find_task(db, row["id"], now))
         if row["status"] == "claimed" and row["owner"] != me:
             _tell(db, row["owner"], f"{me} cancelled task {_quote(task)} that you hold", now)
+        _dependents_hear(db, task, me, now)
     return Result(200, {"task": task}, _task_line(task, now))
 
 
@@ -1682,8 +1950,8 @@ def _add_revision(db, project, key, version, body, author, now, deleted=False):
     return _note(_note_head(db, project, key), with_body=False)
 
 
-@operation("write_note", "Create or replace a shared note as a new revision. With version, "
-           "only if the note is at that version (0 = must not exist).",
+@operation("write_note", "Write a shared note as a new revision; with version, only if "
+           "it is at that version (0 = new).",
            {"key": NOTE_KEY_NAME, "body": LONG_TEXT, "project": PROJECT_NAME,
             "version": _integer(0, 2 ** 31, "expected current version")},
            required=["key", "body"])
@@ -1729,9 +1997,9 @@ def op_read_note(store, caller, args, now):
     return Result(200, {"note": note}, f"{header}\n{note['body']}")
 
 
-@operation("notes", "List note keys of a project (or of all projects), without bodies.",
+@operation("notes", "Note keys of a project (or of all), without bodies.",
            {"project": PROJECT_NAME,
-            "all": {"type": "boolean", "default": False, "description": "every project"}},
+            "all": FLAG},
            readonly=True)
 def op_notes(store, caller, args, now):
     """List the live notes of one project or of all."""
@@ -1758,6 +2026,85 @@ def op_delete_note(store, caller, args, now):
     return Result(200, {"note": note},
                   f"deleted note {_note_name(note)}; read_note version={head['version']} "
                   "still shows its last text")
+
+
+# Reservations -------------------------------------------------------------------
+
+PATTERNS = {"type": "array", "items": _string(1, 300), "maxItems": MAX_PATTERNS,
+            "description": "globs, e.g. src/parser/** or docs/"}
+
+
+@operation("reserve", "Reserve paths of a project so other agents keep off them: all or "
+           "none; renews what you hold.",
+           {"paths": PATTERNS, "project": PROJECT_NAME,
+            "lease": _integer(1, 86400, "seconds", default=3600),
+            "exclusive": {"type": "boolean", "default": True},
+            "reason": _string(0, 200, "why, for the others")},
+           required=["paths"])
+def op_reserve(store, caller, args, now):
+    """Grant every pattern, or none when another agent's live reservation overlaps one."""
+    me, project = caller.name, args["project"]
+    patterns = sorted({reservation_pattern(path) for path in args["paths"]})
+    if not patterns:
+        raise BadRequest("paths must name at least one pattern")
+    with store.transaction(write=True) as db:
+        theirs = [_reservation(row, now) for row in db.execute(
+            f"SELECT * FROM reservations WHERE project = :project AND agent != :me AND "
+            f"{LIVE_RESERVATION}", {"project": project, "me": me, "now": now})]
+        conflicts = [(pattern, held) for pattern in patterns for held in theirs
+                     if (args["exclusive"] or held["exclusive"])
+                     and patterns_overlap(pattern, held["path"])]
+        if conflicts:
+            raise Conflict(
+                "; ".join(f"{pattern} overlaps {held['agent']}'s {held['path']} "
+                          f"({_reservation_terms(held, now)})" for pattern, held in conflicts),
+                hint="reserve other paths, wait for the lease to end, or ask the holder",
+                conflicts=[{key: held[key] for key in ("agent", "path", "exclusive", "reason",
+                                                       "expires")} for _, held in conflicts])
+        db.executemany(
+            "INSERT INTO reservations (project, agent, path, exclusive, reason, created, "
+            "expires) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (project, agent, path) DO "
+            "UPDATE SET exclusive = excluded.exclusive, reason = excluded.reason, "
+            "expires = excluded.expires",
+            [(project, me, pattern, int(args["exclusive"]), args["reason"] or "", now,
+              now + args["lease"]) for pattern in patterns])
+        marks = ",".join("?" * len(patterns))
+        granted = [_reservation(row, now) for row in db.execute(
+            f"SELECT * FROM reservations WHERE project = ? AND agent = ? AND path IN ({marks}) "
+            "ORDER BY path", [project, me] + patterns)]
+    return Result(200, {"reservations": granted}, "reserved " + "; ".join(
+        _reservation_line(reservation, now) for reservation in granted))
+
+
+@operation("reservations", "Who holds which paths of a project: how, why and for how long.",
+           {"project": PROJECT_NAME,
+            "mine": FLAG},
+           readonly=True)
+def op_reservations(store, caller, args, now):
+    """List the live reservations of one project."""
+    mine = " AND agent = :me" if args["mine"] else ""
+    with store.transaction() as db:
+        held = [_reservation(row, now) for row in db.execute(
+            f"SELECT * FROM reservations WHERE project = :project AND {LIVE_RESERVATION}"
+            f"{mine} ORDER BY path, agent",
+            {"project": args["project"], "me": caller.name, "now": now})]
+    text = "\n".join(_reservation_line(reservation, now) for reservation in held)
+    return Result(200, {"reservations": held}, text or "no reservations")
+
+
+@operation("unreserve", "Give back your reservations of those paths, or all of yours in "
+           "the project.", {"paths": PATTERNS, "project": PROJECT_NAME})
+def op_unreserve(store, caller, args, now):
+    """Delete the caller's reservations of PATHS (or all of them) in a project."""
+    where, params = "project = ? AND agent = ?", [args["project"], caller.name]
+    if args["paths"]:
+        patterns = sorted({reservation_pattern(path) for path in args["paths"]})
+        where += f" AND path IN ({','.join('?' * len(patterns))})"
+        params += patterns
+    with store.transaction(write=True) as db:
+        released = db.execute(f"DELETE FROM reservations WHERE {where}", params).rowcount
+    return Result(200, {"released": released},
+                  f"released {released} reservation{'s' if released != 1 else ''}")
 
 
 ###############################################################################

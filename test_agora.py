@@ -614,7 +614,7 @@ class TaskTest(StoreCase):
         self.assertEqual(task["tags"], ["bug", "ui"])
         self.assertEqual(set(task), {"id", "title", "body", "tags", "poster", "status", "owner",
                                      "lease_until", "result", "priority", "created",
-                                     "updated"})
+                                     "updated", "after", "waiting_for"})
         self.refused(404, "task", id=999)
         self.refused(400, "tasks", which="someday")
 
@@ -1138,9 +1138,9 @@ class StoreFileTest(unittest.TestCase):
         con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         con.close()
         size = os.path.getsize(self.path)
-        with open(self.path, "r+b") as f:
-            f.seek(size // 2)
-            f.write(b"\xde\xad\xbe\xef" * 4096)
+        with open(self.path, "r+b") as f:             # the middle half, whatever lies there
+            f.seek(size // 4)
+            f.write(b"\xde\xad\xbe\xef" * (size // 8))
         store = agora.Store(self.path)
         self.addCleanup(store.close)
         stderr = io.StringIO()
