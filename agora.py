@@ -1382,7 +1382,7 @@ def _untold(db, me, with_tasks, now):
     tasks = []
     if with_tasks:
         tasks = [_task(row) for row in db.execute(
-            f"{TASK_ROWS} WHERE ready_seq > :told AND {OPEN_TASK} AND poster != :me "
+            f"{TASK_ROWS} WHERE ready_seq > :told AND {READY_TASK} AND poster != :me "
             "ORDER BY ready_seq LIMIT :limit",
             {"told": told_ready, "me": me, "now": now, "limit": NEWS_PREVIEWS})]
     return previews, sum(counts.values()), newest, tasks
@@ -2721,6 +2721,8 @@ def _a2a_message(era, role, text, task_id, context_id, message_id):
 def _a2a_status_note(row):
     """Answer what an A2A client is told beside a board task's state, or None."""
     state = row["state"]
+    if state == "open" and row["waiting_ids"]:
+        return "waits for " + ", ".join(f"#{i}" for i in _ids(row["waiting_ids"])) + " to be done"
     if state == "claimed":
         return f"{row['owner']} is working on it"
     if state == "open" and row["status"] == "claimed":
@@ -3756,6 +3758,14 @@ def _build_parser(command=None):
     hook_parser.add_argument("--timeout", type=float, default=WAKE_TIMEOUT, metavar="SECONDS",
                              help=f"how long wake waits (default {WAKE_TIMEOUT})")
     hook_parser.add_argument("--dir", default=".", help="with install: the project folder")
+    guard_parser = commands.add_parser("guard", parents=[common, remote, waiting],
+                                       help="check staged paths against others' reservations "
+                                            "(or: guard install, the git pre-commit hook)")
+    guard_parser.add_argument("paths", nargs="*", metavar="PATH",
+                              help="paths to check (default: what git has staged)")
+    guard_parser.add_argument("--project", default="", help="the project of the reservations")
+    guard_parser.add_argument("--strict", action="store_true",
+                              help="refuse (exit 1) when agora cannot be reached")
     ops_parser = commands.add_parser("ops", parents=[common], help="list the operations")
     ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
     identity = argparse.ArgumentParser(add_help=False)
@@ -4059,6 +4069,103 @@ def _install_claude_hooks(options):
     return 0
 
 
+def _git(*args):
+    """Answer git's output for ARGS in the current folder; raise OSError when git fails."""
+    import subprocess
+    done = subprocess.run(["git", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise OSError(done.stderr.strip() or f"git {' '.join(args)} failed")
+    return done.stdout
+
+
+def _guard_command(options):
+    """Check paths (default: the staged ones) against other agents' exclusive reservations.
+
+    Each hit is a line on stderr and exit 1; none: silent, 0. When agora cannot
+    be asked, warn and exit 0 (a commit is never held hostage), 1 with --strict.
+    """
+    try:
+        paths = options.paths or [path for path in _git(
+            "diff", "--cached", "--name-only", "-z").split("\0") if path]
+    except OSError as error:
+        print(f"agora guard: {error}", file=sys.stderr)
+        return 1
+    if not paths:
+        return 0
+    try:
+        link = _link(options, HOOK_TIMEOUT)
+        try:
+            project = {"project": options.project}
+            held = link.call("reservations", project)["reservations"]
+            me = {link.name} | {reservation["agent"] for reservation in link.call(
+                "reservations", dict(project, mine=True))["reservations"]}
+        finally:
+            link.close()
+    except (AgoraError, ValueError, OSError) as error:
+        print(f"agora guard: not checked: {error}", file=sys.stderr)
+        return 1 if options.strict else 0
+    now = int(time.time())
+    hits = [(path, held_by) for path in paths for held_by in held
+            if held_by["exclusive"] and held_by["agent"] not in me
+            and path_matches(held_by["path"], path)]
+    for path, held_by in hits:
+        reason = f" ({held_by['reason']})" if held_by["reason"] else ""
+        print(f"{path}: reserved by {held_by['agent']} for {age(held_by['expires'] - now)}"
+              f"{reason}", file=sys.stderr)
+    return 1 if hits else 0
+
+
+GUARD_MARK = "# agora guard:"
+
+
+def _guard_install(options):
+    """Write the repository's pre-commit hook; a hook already there is kept and runs first."""
+    import shlex
+    try:
+        top = _git("rev-parse", "--show-toplevel").strip()
+    except OSError as error:
+        print(f"agora: guard install: {error}", file=sys.stderr)
+        return 1
+    try:                # relative to the top of the work tree, where git runs hooks
+        hooks = os.path.join(top, os.path.expanduser(_git("config", "core.hooksPath").strip()))
+    except OSError:     # not set: the repository's own hooks folder
+        hooks = os.path.abspath(_git("rev-parse", "--git-path", "hooks").strip())
+    identity = []
+    if options.url:
+        identity = ["--url", options.url]
+    elif options.as_name:
+        identity = ["--as", options.as_name]
+        if getattr(options, "db", None):
+            identity += ["--db", os.path.abspath(options.db)]
+    if options.project:
+        identity += ["--project", options.project]
+    hook, before = os.path.join(hooks, "pre-commit"), os.path.join(hooks, "pre-commit.before-agora")
+    os.makedirs(hooks, exist_ok=True)
+    if os.path.exists(hook):
+        with open(hook, encoding="utf-8", errors="replace") as f:
+            ours = GUARD_MARK in f.read()
+        if not ours:
+            if os.path.exists(before):
+                print(f"agora: guard install: {hook} and {before} both exist; left untouched",
+                      file=sys.stderr)
+                return 1
+            os.replace(hook, before)
+    command = " ".join(shlex.quote(word) for word in [sys.executable, os.path.abspath(__file__),
+                                                      "guard", *identity])
+    with open(hook + ".tmp", "w", encoding="utf-8") as f:
+        f.write(f"""#!/bin/sh
+{GUARD_MARK} refuse a commit that touches paths another agent reserved.
+# Written by agora.py guard install; the hook that was here before runs first.
+if [ -x "$0.before-agora" ]; then "$0.before-agora" "$@" || exit $?; fi
+exec {command}
+""")
+    os.chmod(hook + ".tmp", 0o755)
+    os.replace(hook + ".tmp", hook)
+    kept = " (the hook that was there runs first)" if os.path.exists(before) else ""
+    print(f"agora guard: {hook}{kept}")
+    return 0
+
+
 def _wait_command(options):
     """Block until there is news and print it (with --follow: each batch, until the timeout)."""
     try:
@@ -4176,6 +4283,10 @@ def main(argv=None):
             return _wait_command(options)
         if options.command == "hook":
             return _hook_command(options)
+        if options.command == "guard":
+            if options.paths == ["install"] and "--" not in argv:
+                return _guard_install(options)
+            return _guard_command(options)
         if options.command in CATALOG:
             return _run_op(options.command, options)
         parser.print_help(sys.stderr)
@@ -4213,7 +4324,7 @@ header { display: flex; align-items: center; gap: .8em; padding: .6em 1em;
 header .grow { flex: 1; }
 #live { width: .6em; height: .6em; border-radius: 50%; background: var(--bad); }
 #live.on { background: var(--good); }
-nav { display: flex; gap: .3em; padding: .5em 1em; overflow-x: auto; }
+nav { display: flex; flex-wrap: wrap; gap: .3em; padding: .5em 1em; }
 nav button { white-space: nowrap; }
 nav button[aria-selected="true"] { background: var(--accent); color: #fff; }
 main { padding: 0 1em 1em; }
@@ -4233,7 +4344,9 @@ aside button.current { background: #e4ebfb; }
 .text { white-space: pre-wrap; overflow-wrap: anywhere; }
 .composer { display: flex; gap: .5em; margin-top: .6em; align-items: flex-end; }
 .replying { color: var(--muted); font-size: .85em; }
-.board { display: grid; grid-template-columns: repeat(4, minmax(0, 1fr)); gap: .8em; flex: 1; }
+.board { display: grid; grid-template-columns: repeat(5, minmax(0, 1fr)); gap: .8em; flex: 1; }
+#reservations { list-style: none; padding: .6em .8em; margin: .8em 0 0; }
+#reservations li { padding: .2em 0; overflow-wrap: anywhere; }
 .column h3 { margin: .2em 0 .5em; font-size: .95em; }
 .task { padding: .6em; margin-bottom: .6em; }
 .task .title { font-weight: 600; overflow-wrap: anywhere; }
@@ -4438,6 +4551,9 @@ function taskCard(task) {
   if (task.status === "claimed")
     card.append(el("div", {className: "meta"}, "held by " + task.owner + ", " +
                    age(2 * Date.now() / 1000 - task.lease_until) + " left"));
+  if (task.waiting_for.length)
+    card.append(el("div", {className: "meta"},
+                   "waits for " + task.waiting_for.map((id) => "#" + id).join(", ")));
   if (task.body) card.append(el("div", {className: "text"}, task.body));
   if (task.result) card.append(el("div", {className: "text"}, "result: " + task.result));
   const actions = el("div", {className: "actions"});
@@ -4452,7 +4568,7 @@ function taskCard(task) {
     try { await api(op, args); say(label + " #" + task.id); loadTasks(); }
     catch (error) { say(error.message); }
   }}, label));
-  if (task.status === "open") act("Claim", "claim");
+  if (task.status === "open" && !task.waiting_for.length) act("Claim", "claim");
   if (task.status === "claimed" && task.owner === me) {
     act("Done", "done", true);
     act("Release", "release");
@@ -4465,19 +4581,26 @@ function taskCard(task) {
 
 async function loadTasks() {
   const {tasks} = await api("tasks", {which: "all", limit: 200});
-  const columns = [["open", "Open"], ["claimed", "Claimed"], ["done", "Done"],
-                   ["failed", "Failed"]];
+  const columns = [["open", "Open"], ["waiting", "Waiting"], ["claimed", "Claimed"],
+                   ["done", "Done"], ["failed", "Failed"]];
+  const column = (t) => t.status === "open" && t.waiting_for.length ? "waiting"
+    : t.status === "cancelled" ? "done" : t.status;
   const holding = {};
   for (const task of tasks)
     if (task.status === "claimed") holding[task.owner] = (holding[task.owner] || 0) + 1;
   $("#holding").textContent = Object.keys(holding).length ? "holding: " +
     Object.entries(holding).map(([who, n]) => who + " " + n).join(", ") : "nobody holds a task";
   $("#board").replaceChildren(...columns.map(([state, title]) => {
-    const mine = tasks.filter(
-      (t) => t.status === state || (state === "done" && t.status === "cancelled"));
+    const mine = tasks.filter((t) => column(t) === state);
     return el("div", {className: "column", "data-state": state},
               el("h3", {}, title + " (" + mine.length + ")"), ...mine.map(taskCard));
   }));
+  const project = $("#reservation-project").value.trim();
+  const {reservations} = await api("reservations", {project});
+  fill("#reservations", reservations.length ? reservations.map((r) => el("li", {},
+    el("code", {}, r.path), " " + r.agent + (r.exclusive ? " (exclusive" : " (shared") + ", " +
+    age(2 * Date.now() / 1000 - r.expires) + " left)" + (r.reason ? ": " + r.reason : "")))
+    : [el("li", {className: "meta"}, "no paths reserved" + (project ? " in " + project : ""))]);
 }
 
 async function loadNotes() {
@@ -4556,6 +4679,8 @@ function wire() {
       loadTasks();
     } catch (error) { say(error.message); }
   });
+  $("#reservation-project").addEventListener("change", () => loadTasks().catch(
+    (error) => say(error.message)));
   $("#note-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const args = {project: $("#note-project").value, key: $("#note-key").value,
@@ -4620,7 +4745,10 @@ WEB_BODY = """
         <input id="task-priority" type="number" min="-1000" max="1000"
                placeholder="priority (0)" aria-label="priority">
         <button class="primary">Post task</button></form>
-      <div class="pane"><p id="holding" class="meta"></p><div id="board" class="board"></div></div>
+      <div class="pane"><p id="holding" class="meta"></p><div id="board" class="board"></div>
+        <div class="card"><ul id="reservations"></ul>
+          <input id="reservation-project" placeholder="reservations of project (empty: global)"
+                 aria-label="reservations of project"></div></div>
     </section>
     <section id="tab-notes" hidden>
       <aside id="note-list" class="card"></aside>

@@ -2967,6 +2967,304 @@ class BridgeTest(ServerCase):
         self.assertNotIn(b"Traceback", process.stderr.read())
 
 
+class DependencyTest(StoreCase):
+    """A plan: tasks that wait for others, ready ones first, and who hears what."""
+
+    def plan(self):
+        build = self.ok("post_task", title="build", body="make it")["id"]
+        test = self.ok("post_task", title="test")["id"]
+        deploy = self.ok("post_task", title="deploy", after=f"{build},{test}")["id"]
+        return build, test, deploy
+
+    def test_a_waiting_task_is_listed_apart_and_cannot_be_claimed(self):
+        build, test, deploy = self.plan()
+        task = self.ok("task", id=deploy)["task"]
+        self.assertEqual((task["after"], task["waiting_for"], task["status"]),
+                         ([build, test], [build, test], "open"))
+        self.assertEqual([t["id"] for t in self.ok("tasks")["tasks"]], [build, test])
+        blocked = self.call("tasks", which="blocked")
+        self.assertEqual([t["id"] for t in blocked.body["tasks"]], [deploy])
+        self.assertIn(f"#{deploy} waits for #{build}, #{test}", blocked.text)
+        refusal = self.call("claim", who="bob", id=deploy)
+        self.assertEqual(refusal.status, 409)
+        self.assertIn(f"waits for #{build} (open), #{test} (open)", refusal.text)
+        self.assertEqual(refusal.body["waiting_for"], [build, test])
+        brief = self.ok("brief", who="carol")
+        self.assertEqual((brief["open"]["count"], brief["open"]["blocked"]), (2, 1))
+
+    def test_claim_next_takes_only_ready_tasks_and_the_last_blocker_makes_it_ready(self):
+        build, test, deploy = self.plan()
+        self.ok("brief")
+        claimed = {self.ok("claim", who="bob")["task"]["id"] for _ in range(2)}
+        self.assertEqual(claimed, {build, test})
+        self.refused(404, "claim", who="bob")
+        self.ok("done", who="bob", id=build, result="built\nall green")
+        self.assertEqual(self.ok("task", id=deploy)["task"]["waiting_for"], [test])
+        self.refused(404, "claim", who="carol")
+        self.assertEqual(self.ok("news", who="carol", tasks=True, peek=True)["tasks"], [])
+        self.ok("done", who="bob", id=test, result="passed")
+        mail = [m["body"] for m in self.ok("read")["messages"] if m["sender"] == "agora"]
+        self.assertIn(f"#{deploy} \"deploy\" is ready: #{build}, #{test} are done", mail)
+        news = self.ok("news", who="carol", tasks=True)
+        self.assertEqual([t["id"] for t in news["tasks"]], [deploy])
+        text = self.call("task", id=deploy).text
+        self.assertIn(f"after #{build} done \"build\": built", text)
+        self.assertNotIn("all green", text)              # only the result's first line
+        self.assertEqual(self.ok("claim", who="carol")["task"]["id"], deploy)
+
+    def test_a_failed_or_cancelled_blocker_leaves_it_waiting_and_its_poster_hears(self):
+        build, test, deploy = self.plan()
+        self.ok("brief")
+        self.ok("claim", who="bob", id=build)
+        self.ok("done", who="bob", id=build, failed=True, result="broken")
+        self.ok("cancel", id=test)
+        self.assertEqual(self.ok("task", id=deploy)["task"]["waiting_for"], [build, test])
+        mail = [m["body"] for m in self.ok("read")["messages"] if m["sender"] == "agora"]
+        self.assertIn(f"#{deploy} \"deploy\" waits for #{build}, which failed: update_task "
+                      f"id={deploy} after=... or cancel id={deploy}", mail)
+        self.assertEqual([t["id"] for t in self.ok("tasks", which="blocked")["tasks"]], [deploy])
+        self.ok("update_task", id=deploy, after=[])
+        self.assertEqual(self.ok("claim", who="bob")["task"]["id"], deploy)
+
+    def test_update_task_by_its_poster_while_open(self):
+        build, test, deploy = self.plan()
+        task = self.ok("update_task", id=deploy, title="ship it", priority=9, tags="ops",
+                       after=[test])["task"]
+        self.assertEqual((task["title"], task["priority"], task["tags"], task["after"]),
+                         ("ship it", 9, ["ops"], [test]))
+        self.assertEqual(self.ok("task", id=deploy)["task"]["body"], "")
+        self.refused(403, "update_task", who="bob", id=deploy, title="mine now")
+        self.ok("claim", who="bob", id=build)
+        self.assertIn("claimed", self.refused(409, "update_task", id=build, title="x"))
+        self.assertIn("no task #999", self.refused(404, "update_task", id=deploy, after=[999]))
+        self.assertIn("no task #999", self.refused(404, "post_task", title="x", after="999"))
+        self.refused(400, "post_task", title="x", after=list(range(1, 52)))
+
+    def test_a_cycle_is_refused_naming_it(self):
+        build, test, deploy = self.plan()
+        error = self.refused(400, "update_task", id=build, after=[deploy])
+        self.assertIn(f"cycle: #{build} -> #{deploy} -> #{build}", error)
+        self.assertIn(f"cycle: #{test} -> #{test}", self.refused(400, "update_task", id=test,
+                                                                  after=[test]))
+        self.assertEqual(self.ok("task", id=build)["task"]["after"], [])
+
+    def test_claims_race_while_blockers_finish(self):
+        """Claimers in threads never take a task before everything it waits for is done."""
+        pairs = [(self.ok("post_task", title=f"first {i}")["id"], i) for i in range(20)]
+        pairs = [(first, self.ok("post_task", title=f"then {i}", after=[first])["id"])
+                 for first, i in pairs]
+        waits_for = {then: first for first, then in pairs}
+        taken, early = [], []
+
+        def worker(name):
+            while True:
+                result = self.call("claim", who=name, now=T0)
+                if result.status == 404:
+                    return
+                task = result.body["task"]
+                taken.append(task["id"])
+                if task["id"] in waits_for:
+                    blocker = self.ok("task", id=waits_for[task["id"]])["task"]
+                    if blocker["status"] != "done":
+                        early.append(task["id"])
+                self.ok("done", who=name, id=task["id"], result="ok")
+        threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        self.assertEqual(early, [])
+        self.assertEqual(sorted(taken), sorted(i for pair in pairs for i in pair))
+
+
+OVERLAPS = [        # (pattern, pattern, do they overlap?)
+    ("src/*.py", "src/a*", True), ("src/*.py", "src/*.js", False),
+    ("*.md", "docs/x.md", False), ("**/*.md", "docs/x.md", True),
+    ("a/**", "a", True), ("x/**/y", "x/y", True), ("docs/", "docs/x/y.md", True),
+    ("docs/", "docs", True), ("docs/", "docsx/a", False), ("src/a?.py", "src/ab.py", True),
+    ("src/a?.py", "src/a.py", False), ("a/*/c", "a/b/c/d", False), ("a/**/c", "a/b/c/d", False),
+    ("a/**/c/**", "a/b/c/d", True), ("*", "a/b", False), ("**", "a/b", True),
+    ("SRC/*", "src/a", False), ("a*b", "ab", True), ("a*b*c", "a?c", True), ("*x*", "*y*", True),
+    ("a*", "*b", True), ("ab", "a*c", False), ("**/a", "b/**", True),
+    ("x/**/y/**/z", "x/y/z", True), ("a/b*/c", "a/*d/c", True), ("a/b*/c", "a/*d/e", False),
+    ("src/parser/**", "src/*/lex.py", True), ("src/parser/**", "src/*.py", False),
+    ("?", "??", False), ("a/**/b", "a/**/c", False), ("*/b", "a/*", True),
+]
+
+
+class ReservationTest(StoreCase):
+    """Paths reserved in a project: exact overlap, all or nothing, leases like tasks'."""
+
+    def test_overlap_is_decided_exactly(self):
+        for first, second, expected in OVERLAPS:
+            for a, b in ((first, second), (second, first)):
+                with self.subTest(a=a, b=b):
+                    self.assertIs(agora.patterns_overlap(agora.reservation_pattern(a),
+                                                         agora.reservation_pattern(b)), expected)
+
+    def test_patterns_are_checked(self):
+        for bad in ("/etc/passwd", "a/../b", "./a", "a//b", "a**b", "x" * 301, "a\\b", ""):
+            with self.subTest(bad=bad):
+                self.assertIn("paths", self.refused(400, "reserve", paths=[bad]))
+        self.refused(400, "reserve", paths=[f"p{i}" for i in range(51)])
+        self.ok("reserve", paths=[f"p{i}" for i in range(50)])
+
+    def test_all_or_nothing_with_the_conflicts_named(self):
+        self.ok("reserve", who="bob", paths="src/parser/**", reason="parser rewrite", lease=1800)
+        result = self.call("reserve", now=T0 + 60, paths="docs/x.md,src/*/lex.py")
+        self.assertEqual(result.status, 409)
+        self.assertEqual(result.body["conflicts"], [{
+            "agent": "bob", "path": "src/parser/**", "exclusive": True,
+            "reason": "parser rewrite", "expires": T0 + 1800}])
+        self.assertIn("src/*/lex.py overlaps bob's src/parser/** (exclusive, 29m left: parser "
+                      "rewrite)", result.text)
+        self.assertEqual(self.ok("reservations", mine=True)["reservations"], [])
+        self.ok("reserve", paths="docs/x.md")               # what did not overlap, alone
+
+    def test_shared_coexist_and_exclusive_refuses_both_ways(self):
+        self.ok("reserve", who="bob", paths="lib/**", exclusive=False)
+        self.ok("reserve", paths="lib/util.py", exclusive=False)
+        self.refused(409, "reserve", who="carol", paths="lib/a.py")
+        self.ok("reserve", who="carol", paths="app/**")
+        self.refused(409, "reserve", who="bob", paths="app/x", exclusive=False)
+        listed = self.ok("reservations")["reservations"]
+        self.assertEqual([(r["path"], r["agent"], r["exclusive"]) for r in listed],
+                         [("app/**", "carol", True), ("lib/**", "bob", False),
+                          ("lib/util.py", "alice", False)])
+
+    def test_renewal_projects_and_expiry(self):
+        first = self.ok("reserve", paths="a/**", lease=60)["reservations"][0]
+        renewed = self.ok("reserve", now=T0 + 30, paths="a/", lease=600)["reservations"][0]
+        self.assertEqual((first["expires"], renewed["expires"], renewed["created"]),
+                         (T0 + 60, T0 + 630, T0))
+        self.ok("reserve", who="bob", project="other", paths="a/**")
+        self.refused(409, "reserve", who="bob", now=T0 + 629, paths="a/b")
+        self.ok("reserve", who="bob", now=T0 + 630, paths="a/b")   # the lease ran out
+        self.assertEqual([r["agent"] for r in self.ok("reservations", now=T0 + 631)[
+            "reservations"]], ["bob"])
+        brief = self.ok("brief", who="bob", now=T0 + 631)
+        self.assertEqual(sorted((r["project"], r["path"]) for r in brief["reserved"]),
+                         [("", "a/b"), ("other", "a/**")])
+
+    def test_unreserve_some_or_all(self):
+        self.ok("reserve", paths="a,b,c")
+        self.ok("reserve", project="other", paths="a")
+        self.assertEqual(self.ok("unreserve", paths="a,zzz")["released"], 1)
+        self.assertEqual(self.ok("unreserve")["released"], 2)
+        self.assertEqual(len(self.ok("reservations", project="other")["reservations"]), 1)
+
+    def test_concurrent_reserves_never_grant_overlapping_exclusives(self):
+        won = []
+
+        def reserve(name, paths):
+            if self.call("reserve", who=name, paths=paths).status == 200:
+                won.append(name)
+        threads = [threading.Thread(target=reserve, args=(f"a{i}", ["src/**", "src/x.py",
+                                                                    f"src/{i}/*"][i % 3]))
+                   for i in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        self.assertEqual(len(won), 1, won)
+
+
+RESERVER = """
+import sys, agora
+store = agora.Store(sys.argv[1])
+try:
+    agora.call(store, "reserve", {"paths": sys.argv[3]}, agora.Caller(sys.argv[2], True))
+    print("won")
+except agora.Conflict:
+    print("lost")
+store.close()
+"""
+
+
+class ReservationProcessRaceTest(StoreCase):
+
+    def test_processes_reserving_at_once_one_wins(self):
+        agora.Store(self.db).close()
+        processes = [subprocess.Popen([sys.executable, "-c", RESERVER, self.db, f"p{i}",
+                                       ["docs/**", "docs/a.md", "**/*.md"][i % 3]], cwd=HERE,
+                                      stdout=subprocess.PIPE, text=True) for i in range(6)]
+        outcomes = [process.communicate(timeout=60)[0].strip() for process in processes]
+        self.assertEqual(sorted(outcomes), ["lost"] * 5 + ["won"])
+
+
+class GuardTest(unittest.TestCase):
+    """`agora.py guard` and its pre-commit hook, with real git in a temporary repository."""
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.db = os.path.join(self.dir, "agora.db")
+        self.repo = os.path.join(self.dir, "repo")
+        os.makedirs(os.path.join(self.repo, "src", "parser"))
+        self.git("init", "-q")
+        self.git("config", "user.email", "alice@example.com")
+        self.git("config", "user.name", "alice")
+        for path in ("src/parser/lex.py", "README"):
+            with open(os.path.join(self.repo, path), "w") as f:
+                f.write("text\n")
+        store = agora.Store(self.db)
+        agora.call(store, "reserve", {"paths": "src/parser/**", "reason": "parser rewrite"},
+                   agora.Caller("bob", True))
+        store.close()
+
+    def git(self, *args, check=True):
+        return subprocess.run(["git", *args], cwd=self.repo, capture_output=True, text=True,
+                              check=check, env=dict(os.environ, AGORA_AS="", AGORA_DB=""))
+
+    def agora(self, *args, env=None):
+        return subprocess.run([sys.executable, AGORA, *args], cwd=self.repo, capture_output=True,
+                              text=True, timeout=60,
+                              env=dict(os.environ, AGORA_AS="", AGORA_URL="", **(env or {})))
+
+    def test_guard_reports_others_exclusive_reservations(self):
+        done = self.agora("guard", "src/parser/lex.py", "README", "--as", "alice", "--db", self.db)
+        self.assertEqual(done.returncode, 1)
+        self.assertRegex(done.stderr, r"^src/parser/lex\.py: reserved by bob for \d+[mh] "
+                                      r"\(parser rewrite\)\n$")
+        done = self.agora("guard", "src/parser/lex.py", "--as", "bob", "--db", self.db)
+        self.assertEqual((done.returncode, done.stderr), (0, ""))     # bob's own
+        done = self.agora("guard", "--as", "alice", "--db", self.db, "--", "install")
+        self.assertEqual((done.returncode, done.stderr), (0, ""))     # a path named install
+
+    def test_unreachable_warns_and_lets_the_commit_be(self):
+        import socket
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+        done = self.agora("guard", "src/parser/lex.py", "--url", url, "--token", "t")
+        self.assertEqual(done.returncode, 0)
+        self.assertIn("not checked", done.stderr)
+        strict = self.agora("guard", "src/parser/lex.py", "--url", url, "--token", "t",
+                            "--strict")
+        self.assertEqual(strict.returncode, 1)
+
+    def test_the_pre_commit_hook_refuses_a_reserved_path_and_keeps_the_old_hook(self):
+        hooks = os.path.join(self.repo, "githooks")
+        os.makedirs(hooks)
+        self.git("config", "core.hooksPath", "githooks")
+        with open(os.path.join(hooks, "pre-commit"), "w") as f:
+            f.write("#!/bin/sh\necho the old hook ran >&2\n")
+        os.chmod(os.path.join(hooks, "pre-commit"), 0o755)
+        for _ in range(2):                                  # idempotent
+            done = self.agora("guard", "install", "--as", "alice", "--db", self.db)
+            self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(sorted(os.listdir(hooks)), ["pre-commit", "pre-commit.before-agora"])
+        self.git("add", "src/parser/lex.py")
+        commit = self.git("commit", "-m", "touch the parser", check=False)
+        self.assertNotEqual(commit.returncode, 0)
+        self.assertIn("the old hook ran", commit.stderr)
+        self.assertIn("src/parser/lex.py: reserved by bob", commit.stderr)
+        self.git("reset", "-q")
+        self.git("add", "README")
+        commit = self.git("commit", "-m", "a free file", check=False)
+        self.assertEqual(commit.returncode, 0, commit.stderr)
+        self.assertIn("the old hook ran", commit.stderr)
+
+
 ###############################################################################
 # Waking agents: hooks, wait and the channel ##################################
 ###############################################################################

@@ -90,6 +90,17 @@ def session(page, url, you, bot, problems):
     page.click("#task-form button")
     page.wait_for_selector("#board .column[data-state=open] .task:has-text('written on the page')")
     check("posting a task from the page", True)
+    later = act(url, "post_task", {"title": "deploy it", "after": [task]}, bot)["id"]
+    act(url, "reserve", {"paths": "src/parser/**", "reason": "parser rewrite"}, bot)
+    page.click("nav button[data-tab=channels]")
+    page.click("nav button[data-tab=tasks]")
+    waiting = page.wait_for_selector(f"#board .column[data-state=waiting] .task[data-id='{later}']")
+    check("a waiting task shows what it waits for, and no Claim button",
+          f"waits for #{task}" in waiting.inner_text()
+          and waiting.query_selector("button:has-text('Claim')") is None)
+    check("the project's reservations show who holds which paths",
+          "src/parser/** bot (exclusive" in page.inner_text("#reservations")
+          and "parser rewrite" in page.inner_text("#reservations"))
 
     act(url, "write_note", {"key": "design/api", "body": "first words"}, bot)
     act(url, "write_note", {"key": "design/api", "body": "second words"}, bot)
@@ -140,6 +151,9 @@ def main():
             phone.wait_for_selector("#channel-messages li:has-text('a very long line')")
             check("readable on a phone: nothing wider than the screen", not phone.evaluate(
                 "document.documentElement.scrollWidth > window.innerWidth"))
+            check("every tab fits a phone's width", phone.evaluate(
+                "[...document.querySelectorAll('nav button')].every((b) => "
+                "b.getBoundingClientRect().right <= window.innerWidth)"))
             phone.screenshot(path=os.path.join(SHOTS, "e2e-phone.png"))
             page.click("#signout")
             check("signing out forgets the token", page.is_visible("#signin") and
