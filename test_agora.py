@@ -3159,8 +3159,8 @@ class ReservationTest(StoreCase):
         def reserve(name, paths):
             if self.call("reserve", who=name, paths=paths).status == 200:
                 won.append(name)
-        threads = [threading.Thread(target=reserve, args=(f"a{i}", ["src/**", "src/x.py",
-                                                                    f"src/{i}/*"][i % 3]))
+        every_two_overlap = ["src/**", "src/x.py", "src/*.py", "**/x.py"]
+        threads = [threading.Thread(target=reserve, args=(f"a{i}", every_two_overlap[i % 4]))
                    for i in range(12)]
         for thread in threads:
             thread.start()
