@@ -45,6 +45,7 @@ SEEN_THROTTLE = 10          # seconds between two writes of an agent's "seen"
 WAIT_POLL = 0.05            # how often a long-poll looks for another process's post
 SYSTEM_SENDER = "agora"     # the board's own voice; nobody can join as it
 TOP_OPEN_TASKS = 3
+COUNT_CAP = 200             # unread messages are counted exactly up to this, per channel
 MAX_AFTER = 50              # tasks one task may wait for
 MAX_PATTERNS = 50           # paths one reserve call may claim
 BUSY_TIMEOUT = 30
@@ -67,7 +68,7 @@ PATTERN_RULES = {
     A2A_PAGE_TOKEN: "a page token this server gave",
 }
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 NEWEST_MESSAGE = "SELECT coalesce(max(id), 0) FROM messages"
 NEWEST_READY = "SELECT coalesce(max(ready_seq), 0) FROM tasks"
 
@@ -246,6 +247,12 @@ CREATE TABLE reservations (
     PRIMARY KEY (project, agent, path)
 ) WITHOUT ROWID;
 CREATE INDEX reservations_by_agent ON reservations (agent, expires);
+""",
+    # Counting a reader's unread skips its own posts: with the sender in the index
+    # that count never reads a message row.
+    6: """
+DROP INDEX messages_by_channel;
+CREATE INDEX messages_by_channel ON messages (channel, id, sender);
 """,
 }
 
@@ -955,14 +962,27 @@ def _tell(db, agent, text, now):
 
 def _unread(db, me, after=0):
     """Answer ({channel: unread count}, the newest unread id) over the caller's mailbox and
-    followed channels; with AFTER, of the unread messages past that id only."""
-    rows = db.execute(
-        "SELECT c.channel, count(m.id), max(m.id) FROM cursors c JOIN messages m "
-        "ON m.channel = c.channel AND m.id > max(c.last_id, :after) AND m.sender != :me "
-        "WHERE c.agent = :me AND c.following = 1 GROUP BY c.channel ORDER BY c.channel",
-        {"me": me, "after": after}).fetchall()
-    return {channel: count for channel, count, _ in rows}, max(
-        (newest for _, _, newest in rows), default=0)
+    followed channels; with AFTER, of the unread messages past that id only.
+
+    A count stops at COUNT_CAP (count_text then says "200+"), so what it costs does
+    not grow with how far behind a reader is.
+    """
+    counts, newest = {}, 0
+    for channel, last_id in db.execute(
+            "SELECT channel, max(last_id, ?) FROM cursors WHERE agent = ? AND following = 1 "
+            "ORDER BY channel", (after, me)).fetchall():
+        count, top = db.execute(
+            "SELECT count(*), max(id) FROM (SELECT id FROM messages WHERE channel = ? AND "
+            "id > ? AND sender != ? ORDER BY id DESC LIMIT ?)",
+            (channel, last_id, me, COUNT_CAP)).fetchone()
+        if count:
+            counts[channel], newest = count, max(newest, top)
+    return counts, newest
+
+
+def count_text(count):
+    """Answer an unread COUNT as said to an agent: from COUNT_CAP on it is a lower bound."""
+    return f"{count}+" if count >= COUNT_CAP else str(count)
 
 
 def _mark_told(db, me, message_id=None, ready=False):
@@ -1122,7 +1142,7 @@ def op_brief(store, caller, args, now):
             "ORDER BY project, path", {"me": me, "now": now})]
     total = sum(unread.values())
     if total:
-        hint = f"read: {total} new message{'s' if total != 1 else ''}"
+        hint = f"read: {count_text(total)} new message{'s' if total != 1 else ''}"
     elif held:
         hint = (f"work on #{held[0]['id']}; done id={held[0]['id']} result=... when "
                 f"finished, extend id={held[0]['id']} if you need longer")
@@ -1133,7 +1153,8 @@ def op_brief(store, caller, args, now):
     lines = [f"{me}: {agent['status']}" if agent["status"]
              else f"{me} (no status; brief status=... sets one)"]
     if total:
-        lines.append(f"unread {total}: " + ", ".join(f"{ch} {n}" for ch, n in unread.items()))
+        lines.append(f"unread {count_text(total)}: " + ", ".join(
+            f"{ch} {count_text(n)}" for ch, n in unread.items()))
     lines += [f"holding {_task_line(task, now)}" for task in held]
     lines += [f"reserved {_reservation_line(r, now)}" for r in reserved]
     if open_count or blocked:
@@ -1191,20 +1212,19 @@ def op_channels(store, caller, args, now):
     me = caller.name
     with store.transaction() as db:
         rows = db.execute(
-            "SELECT ch.*, coalesce(c.following, 0) AS following, "
-            "CASE WHEN c.following THEN (SELECT count(*) FROM messages m "
-            "  WHERE m.channel = ch.name AND m.id > c.last_id AND m.sender != :me) "
-            "ELSE 0 END AS unread "
-            "FROM channels ch LEFT JOIN cursors c ON c.channel = ch.name AND c.agent = :me "
-            "ORDER BY ch.name", {"me": me}).fetchall()
+            "SELECT ch.*, coalesce(c.following, 0) AS following FROM channels ch "
+            "LEFT JOIN cursors c ON c.channel = ch.name AND c.agent = ? ORDER BY ch.name",
+            (me,)).fetchall()
+        unread, _ = _unread(db, me)
     channels = [{"name": r["name"], "about": r["about"], "created_by": r["created_by"],
                  "created": r["created"], "count": r["count"],
-                 "following": bool(r["following"]), "unread": r["unread"]} for r in rows]
+                 "following": bool(r["following"]), "unread": unread.get(r["name"], 0)}
+                for r in rows]
     lines = []
     for ch in channels:
         line = f"{ch['name']} {ch['count']} msgs"
         if ch["following"]:
-            line += f", following, {ch['unread']} unread"
+            line += f", following, {count_text(ch['unread'])} unread"
         if ch["about"]:
             line += f" — {clip(ch['about'], 100)}"
         lines.append(line)
@@ -1286,17 +1306,15 @@ def op_post(store, caller, args, now):
     if channel is not None and channel.startswith("@"):
         to = channel[1:]
     # Agents, channels and messages are never deleted, so these checks need not
-    # hold the write lock: what exists now still exists at the insert.
-    with store.autocommit() as db:
-        if to is not None:
-            if not _agent_exists(db, to):
+    # hold the write lock: what exists now still exists at the insert. A channel's
+    # existence is checked by the insert itself: a post is one statement.
+    if to is not None or args["reply_to"] is not None:
+        with store.autocommit() as db:
+            if to is not None and not _agent_exists(db, to):
                 raise NotFound(f"no agent {to}", hint="agents lists who is here")
-            channel = mailbox(to)
-        else:
-            channel = channel or "public"
-            _require_channel(db, channel)
-        if args["reply_to"] is not None:
-            _visible_message(db, args["reply_to"], me)
+            if args["reply_to"] is not None:
+                _visible_message(db, args["reply_to"], me)
+    channel = mailbox(to) if to is not None else channel or "public"
     same = {"channel": channel, "sender": me, "body": args["body"],
             "reply_to": args["reply_to"], "now": now, "since": now - DEDUP_SECONDS,
             "digest": _digest(channel, args["body"], args["reply_to"])}
@@ -1304,10 +1322,13 @@ def op_post(store, caller, args, now):
         inserted = db.execute(
             "INSERT INTO messages (channel, sender, body, reply_to, ts, digest) "
             "SELECT :channel, :sender, :body, :reply_to, :now, :digest WHERE NOT EXISTS "
-            f"(SELECT 1 FROM messages WHERE {SAME_POST})", same)
+            f"(SELECT 1 FROM messages WHERE {SAME_POST}) AND (substr(:channel, 1, 1) = '@' "
+            "OR EXISTS (SELECT 1 FROM channels WHERE name = :channel))", same)
         if not inserted.rowcount:
             row = db.execute(f"SELECT id, ts FROM messages WHERE {SAME_POST} "
                              "ORDER BY id DESC LIMIT 1", same).fetchone()
+            if row is None:
+                _require_channel(db, channel)
             return Result(200, {"id": row["id"], "channel": channel, "dup": True},
                           f"#{row['id']} was already posted to {channel} "
                           f"{age(now - row['ts'])} ago; not stored twice")
@@ -1353,7 +1374,7 @@ def op_read(store, caller, args, now):
         store.wait(lambda: store.last_message_id() > newest, left)
     lines = [_message_line(message, now) for message in messages]
     if remaining:
-        lines.append(f"({remaining} more waiting: read again)")
+        lines.append(f"({count_text(remaining)} more waiting: read again)")
     if not messages:
         lines.append(f"nothing new after waiting {args['wait']}s" if args["wait"]
                      else f"nothing new (read wait={MAX_WAIT} waits for mail)")
@@ -1392,7 +1413,8 @@ def news_summary(previews, count, tasks, now):
     """Answer news as text: a line per preview as read writes them, then the ready tasks."""
     lines = [_message_line(dict(preview, body=preview["preview"]), now) for preview in previews]
     if count > len(previews):
-        lines.append(f"({count - len(previews)} more; read takes them)")
+        more = count - len(previews)
+        lines.append(f"({f'{more}+' if count >= COUNT_CAP else more} more; read takes them)")
     lines += [f"ready: {_task_line(task, now)}" for task in tasks]
     return "\n".join(lines) or "nothing new"
 

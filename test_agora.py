@@ -281,6 +281,25 @@ class PostReadTest(StoreCase):
         body = self.ok("read", who="bob", limit=20)
         self.assertEqual([m["body"] for m in body["messages"]], [f"m{i}" for i in range(20, 25)])
 
+    def test_counts_stop_at_the_cap_and_say_so(self):
+        cap = agora.COUNT_CAP
+        self.ok("brief", who="bob")
+        with self.store.transaction(write=True) as db:
+            db.executemany("INSERT INTO messages (channel, sender, body, ts) "
+                           "VALUES ('public', 'alice', ?, ?)",
+                           [(f"backlog {i}", T0) for i in range(cap + 50)])
+        read = self.call("read", who="bob", limit=1)
+        self.assertEqual(read.body["remaining"], cap)           # a lower bound, said so
+        self.assertIn(f"({cap}+ more waiting: read again)", read.text)
+        self.assertIn(f"({cap - 5}+ more; read takes them)", self.call("news", who="bob").text)
+        brief = self.call("brief", who="bob")
+        self.assertEqual(brief.body["unread"]["channels"], {"public": cap})
+        self.assertIn(f"unread {cap}+: public {cap}+", brief.text)
+        self.ok("read", who="bob", limit=100)
+        read = self.call("read", who="bob", limit=10)           # below the cap: exact
+        self.assertEqual(read.body["remaining"], cap + 50 - 111)
+        self.assertIn(f"({cap + 50 - 111} more waiting", read.text)
+
     def test_read_text_shape(self):
         self.ok("brief", who="bob")
         first = self.ok("post", body="the build is green", now=T0)["id"]
