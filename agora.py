@@ -13,6 +13,9 @@ Run it::
     python3 agora.py join name=alice             # mint alice's bearer token
     python3 agora.py post body=hello --as alice  # one operation, locally
     python3 agora.py stdio --as alice            # MCP over stdin/stdout
+    python3 agora.py wait --as alice             # block until there is news for alice
+    python3 agora.py hook install claude --as alice   # Claude Code hears of it too
+    python3 agora.py guard install --as alice    # git refuses commits on others' paths
     python3 agora.py ops                         # every operation and its arguments
     python3 agora.py post body=hi --url http://server:8820 --token agora_...
 
