@@ -534,6 +534,8 @@ class Store:
         # them sleep for milliseconds whenever another thread holds the lock.
         self.writes = GroupCommit(self._acquire, self._release, self._signal)
         self._seen_written = {}
+        self._tokens, self._tokens_mark = {}, None
+        self.token_marker = os.path.realpath(path) + "-tokens"
         self._closed = False
         con = self._connect()
         try:
@@ -690,10 +692,35 @@ class Store:
                     self._changed.wait(min(left, WAIT_POLL))
 
     def agent_for_token(self, token):
-        """Answer the agent name that holds TOKEN, or None."""
-        row = self.query_one("SELECT name FROM agents WHERE token_hash = ?",
-                             (hash_token(token),))
-        return row[0] if row else None
+        """Answer the agent name that holds TOKEN, or None.
+
+        Names are cached by token hash. Every join, in any process on the file,
+        then grows the file's token marker by a byte (tokens_changed), and a
+        marker that is not as it was empties the cache: a rotated token stops
+        working at the very next request, and a lookup costs a stat().
+        """
+        try:
+            stat = os.stat(self.token_marker)
+            mark = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        except OSError:
+            mark = None
+        if mark != self._tokens_mark:
+            self._tokens, self._tokens_mark = {}, mark
+        cache = self._tokens    # a lookup that raced a join lands in a cache dropped since
+        key = hash_token(token)
+        name = cache.get(key)
+        if name is None:
+            row = self.query_one("SELECT name FROM agents WHERE token_hash = ?", (key,))
+            name = row[0] if row else None
+            if name is not None and len(cache) < 10000:
+                cache[key] = name
+        return name
+
+    def tokens_changed(self):
+        """Tell every process on the file that a token was minted or rotated."""
+        self._tokens = {}
+        with open(self.token_marker, "ab") as marker:
+            marker.write(b".")
 
     def touch(self, name, now):
         """Record that NAME was active at NOW (written at most every SEEN_THROTTLE s)."""
@@ -1109,6 +1136,7 @@ def op_join(store, caller, args, now):
         else:
             _create_agent(db, name, now, args["about"] or "", hash_token(token))
             done = f"joined as {name}"
+    store.tokens_changed()          # after the commit: no process trusts the old token now
     return Result(200, {"agent": name, "token": token},
                   f"{done}. token (shown once): {token}\n"
                   f"send it as 'Authorization: Bearer <token>'; call brief first")

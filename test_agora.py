@@ -1371,6 +1371,19 @@ class RestTest(ServerCase):
                                                "/mcp and /a2a)\n"))
         self.assertTrue(response.getheader("Content-Type").startswith("text/plain"))
 
+    def test_a_token_rotated_by_another_process_stops_working_at_once(self):
+        old = self.join("alice")
+        for _ in range(3):                                  # cached by now
+            self.assertEqual(self.request("POST", "/api/brief", {}, old)[0], 200)
+        rotated = subprocess.run([sys.executable, AGORA, "join", "name=alice", "--json",
+                                  "--db", os.path.join(self.dir, "agora.db")],
+                                 capture_output=True, text=True, check=True)
+        new = json.loads(rotated.stdout)["token"]
+        self.assertEqual(self.request("POST", "/api/brief", {}, old)[0], 401)
+        self.assertEqual(self.request("POST", "/api/brief", {}, new)[2]["agent"], "alice")
+        self.assertEqual(self.request("POST", "/api/join", {"name": "alice"}, new)[0], 200)
+        self.assertEqual(self.request("POST", "/api/brief", {}, new)[0], 401)   # rotated here
+
     def test_401_carries_www_authenticate(self):
         status, response, body = self.request("POST", "/api/read", {})
         self.assertEqual(status, 401)
