@@ -432,8 +432,9 @@ class GroupCommit:
     the same thread is a savepoint of the same transaction.
     """
 
-    def __init__(self, acquire, release, committed):
+    def __init__(self, acquire, release, committed, before_commit):
         self.acquire, self.release, self.on_commit = acquire, release, committed
+        self.before_commit = before_commit
         self.lock = threading.Lock()
         self.queue_lock = threading.Lock()
         self.queued = 0             # writers waiting for the lock
@@ -504,6 +505,7 @@ class GroupCommit:
         self.batch = None
         try:
             if batch.error is None:
+                self.before_commit(batch.con)
                 batch.con.execute("COMMIT")
         except sqlite3.Error as error:
             batch.error = error
@@ -532,7 +534,9 @@ class Store:
         self._generation = 0
         # Writers of this process queue here: SQLite's busy handler would make
         # them sleep for milliseconds whenever another thread holds the lock.
-        self.writes = GroupCommit(self._acquire, self._release, self._signal)
+        self.writes = GroupCommit(self._acquire, self._release, self._signal,
+                                  self._write_seen)
+        self._seen_due, self._seen_lock = {}, threading.Lock()
         self._seen_written = {}
         self._tokens, self._tokens_mark = {}, None
         self.token_marker = os.path.realpath(path) + "-tokens"
@@ -723,16 +727,29 @@ class Store:
             marker.write(b".")
 
     def touch(self, name, now):
-        """Record that NAME was active at NOW (written at most every SEEN_THROTTLE s)."""
+        """Record that NAME was active at NOW (at most every SEEN_THROTTLE s).
+
+        It is written by the next commit of this process (a write op's own, so a
+        one-shot CLI write pays one fsync), or when the store closes.
+        """
         if now - self._seen_written.get(name, -SEEN_THROTTLE) < SEEN_THROTTLE:
             return
         self._seen_written[name] = now
-        with self.transaction(write=True) as db:
-            db.execute("UPDATE agents SET seen = ? WHERE name = ? AND seen < ?",
-                       (now, name, now))
+        with self._seen_lock:
+            self._seen_due[name] = max(now, self._seen_due.get(name, now))
+
+    def _write_seen(self, db):
+        with self._seen_lock:
+            due, self._seen_due = self._seen_due, {}
+        db.executemany("UPDATE agents SET seen = ? WHERE name = ? AND seen < ?",
+                       [(now, name, now) for name, now in due.items()])
 
     def close(self):
-        """Close every connection; later use raises StoreError."""
+        """Write what touch still holds, close every connection; later use raises StoreError."""
+        if self._seen_due and not self._closed:
+            with contextlib.suppress(AgoraError, sqlite3.Error):
+                with self.transaction(write=True):
+                    pass                # the commit writes the seen times
         with self._pool_lock:
             self._closed = True
             idle, self._pool = self._pool, []

@@ -1074,6 +1074,19 @@ class GroupCommitTest(StoreCase):
         after.join(10)
         self.assertFalse(after.is_alive(), "the write lock was never released")
 
+    def test_a_write_op_writes_its_callers_seen_in_its_own_commit(self):
+        self.ok("brief", who="bob")
+        before = CountingStore.write_transactions
+        self.ok("post", who="bob", now=T0 + 100, body="one commit, one fsync")
+        self.assertEqual(CountingStore.write_transactions - before, 1)
+        self.ok("tasks", who="carol", now=T0 + 200)      # read-only: written at close
+        self.store.close()
+        store = agora.Store(self.db)
+        self.addCleanup(store.close)
+        seen = {agent["id"]: agent["seen"] for agent in outcome(
+            store, "agents", {}, agora.Caller("dave", True), T0 + 300).body["agents"]}
+        self.assertEqual((seen["bob"], seen["carol"]), (T0 + 100, T0 + 200))
+
     def test_a_block_inside_a_block_joins_its_transaction(self):
         before = CountingStore.write_transactions
         with self.store.transaction(write=True) as outer:
