@@ -3849,6 +3849,10 @@ def _build_parser(command=None):
     return parser
 
 
+class UsageError(ValueError):
+    """A command line that cannot run as given: main says why and exits 2."""
+
+
 def _identity(options):
     """Answer the local name to act as, or None; refuse --as together with --url.
 
@@ -3858,18 +3862,13 @@ def _identity(options):
     """
     if options.url:
         if options.as_name:
-            raise ValueError("--as names a local identity; with --url the token says who "
+            raise UsageError("--as names a local identity; with --url the token says who "
                              "you are")
         return None
     return options.as_name or os.environ.get("AGORA_AS") or None
 
 
 def _run_op(name, options):
-    try:
-        as_name = _identity(options)
-    except ValueError as e:
-        print(f"agora: {e}", file=sys.stderr)
-        return 2
     args = {}
     for pair in options.pairs:
         key, sep, value = pair.partition("=")
@@ -3877,26 +3876,16 @@ def _run_op(name, options):
             print(f"agora: expected key=value, got {pair!r}", file=sys.stderr)
             return 2
         args[key] = sys.stdin.read().rstrip("\n") if value == "-" else value
-    if options.url:
-        status, answer = remote_call(options.url, options.token, name, args, options.json)
-        if status == 401:
-            answer = f"the server refused the token (401): {answer}"
-    else:
-        if name != "join" and not as_name:
-            print(f"agora: {name} needs --as NAME (or $AGORA_AS), or --url and --token",
-                  file=sys.stderr)
-            return 2
-        store = Store(getattr(options, "db", None) or default_db_path())
-        try:
-            result = call(store, name, args, Caller(as_name, True))
-            status, answer = result.status, result.body if options.json else result.text
-        except AgoraError as error:
-            status, answer = error.status, error.text
-        finally:
-            store.close()
-    if status >= 400:
-        print(f"agora: {answer}", file=sys.stderr)
+    link = _link(options, operator=name == "join")
+    try:
+        answer = link.call(name, args, text=not options.json)
+    except AgoraError as error:
+        refused = "the server refused the token (401): " if (
+            options.url and isinstance(error, Unauthorized)) else ""
+        print(f"agora: {refused}{error.text}", file=sys.stderr)
         return 1
+    finally:
+        link.close()
     print(json.dumps(answer, ensure_ascii=False, indent=2) if options.json else answer)
     return 0
 
@@ -3910,47 +3899,39 @@ def _print_ops(markdown):
         print(f"{op.name} {op.usage()}{flags}\n    {op.summary}")
 
 
-def _stdio_command(options):
-    try:
-        as_name = _identity(options)
-    except ValueError as e:
-        print(f"agora: {e}", file=sys.stderr)
-        return 2
-    protocol_out, sys.stdout = sys.stdout, sys.stderr   # stray prints must not reach stdout
-    try:
-        if options.url:
-            link = AgentLink(url=options.url, token=options.token)
-            notifier = channel_notifier(link, options.tasks) if options.channel else None
-            return serve_stdio(bridge_answer(options.url, options.token, options.channel),
-                               sys.stdin.buffer, protocol_out.buffer, notifier)
-        if not as_name:
-            print("agora: stdio needs --as NAME (or $AGORA_AS), or --url and --token",
-                  file=sys.stderr)
-            return 2
-        link = AgentLink(db=getattr(options, "db", None), name=as_name)
-        try:
-            ensure_local_agent(link.store, as_name, int(time.time()))
-            endpoint = McpEndpoint(link.store, Caller(as_name, True), channel=options.channel)
-            notifier = channel_notifier(link, options.tasks) if options.channel else None
-            return serve_stdio(lambda line: endpoint.answer(line).message,
-                               sys.stdin.buffer, protocol_out.buffer, notifier)
-        except AgoraError as error:
-            print(f"agora: {error.message}", file=sys.stderr)
-            return 2
-        finally:
-            link.close()
-    finally:
-        sys.stdout = protocol_out
-
-
-def _link(options, timeout=REMOTE_TIMEOUT):
-    """Answer the AgentLink OPTIONS name; raise ValueError when they name no agent."""
+def _link(options, timeout=REMOTE_TIMEOUT, operator=False):
+    """Answer the AgentLink OPTIONS name; raise UsageError when they name no agent (with
+    OPERATOR none is needed: whoever runs agora on its file may join)."""
     as_name = _identity(options)
     if options.url:
         return AgentLink(url=options.url, token=options.token, timeout=timeout)
-    if not as_name:
-        raise ValueError("no identity: pass --as NAME (or set $AGORA_AS), or --url and --token")
+    if not as_name and not operator:
+        raise UsageError("no identity: pass --as NAME (or set $AGORA_AS), or --url and --token")
     return AgentLink(db=getattr(options, "db", None), name=as_name, timeout=timeout)
+
+
+def _stdio_command(options):
+    link = _link(options)
+    notifier = channel_notifier(link, options.tasks) if options.channel else None
+    protocol_out, sys.stdout = sys.stdout, sys.stderr   # stray prints must not reach stdout
+    try:
+        if link.store is None:
+            answer = bridge_answer(options.url, options.token, options.channel)
+        else:
+            ensure_local_agent(link.store, link.name, int(time.time()))
+            endpoint = McpEndpoint(link.store, Caller(link.name, True), channel=options.channel)
+
+            def answer(line):
+                return endpoint.answer(line).message
+        return serve_stdio(answer, sys.stdin.buffer, protocol_out.buffer, notifier)
+    except AgoraError as error:
+        print(f"agora: {error.message}", file=sys.stderr)
+        return 2
+    finally:
+        link.close()
+        sys.stdout = protocol_out
+
+
 
 
 def _has_news(body):
@@ -4085,6 +4066,21 @@ def claude_hooks(identity):
             "Stop": [hook("stop", timeout=30), wake]}
 
 
+def _written_identity(options):
+    """Answer the arguments that name the agent in a hook written into a file: --url URL
+    (its token is read from $AGORA_TOKEN when the hook runs, never written), or --as NAME
+    with the --db given; none when neither was given. --as with --url is a UsageError."""
+    if options.url:
+        if options.as_name:
+            raise UsageError("--as names a local identity; with --url the hook reads the "
+                             "token from $AGORA_TOKEN when it runs")
+        return ["--url", options.url]
+    if not options.as_name:
+        return []
+    db = getattr(options, "db", None)
+    return ["--as", options.as_name] + (["--db", os.path.abspath(db)] if db else [])
+
+
 def _is_agora_hook(hook):
     args = hook.get("args") if isinstance(hook, dict) else None
     return (isinstance(args, list) and len(args) > 1 and isinstance(args[0], str)
@@ -4094,23 +4090,10 @@ def _is_agora_hook(hook):
 def _install_claude_hooks(options):
     """Merge agora's hooks into .claude/settings.local.json, keeping everything else."""
     if options.target != "claude":
-        print("agora: say which client: hook install claude", file=sys.stderr)
-        return 2
-    if options.url:
-        if options.as_name:
-            print("agora: --as names a local identity; with --url the hooks read the token "
-                  "from $AGORA_TOKEN when they run", file=sys.stderr)
-            return 2
-        identity = ["--url", options.url]   # the token is never written into a file
-    elif options.as_name or os.environ.get("AGORA_AS"):
-        name = options.as_name or os.environ["AGORA_AS"]
-        identity = ["--as", name]
-        if getattr(options, "db", None) or os.environ.get("AGORA_DB"):
-            identity += ["--db", os.path.abspath(getattr(options, "db", None)
-                                                 or os.environ["AGORA_DB"])]
-    else:
-        print("agora: hook install needs --as NAME or --url URL", file=sys.stderr)
-        return 2
+        raise UsageError("say which client: hook install claude")
+    identity = _written_identity(options)
+    if not identity:
+        raise UsageError("install needs --as NAME or --url URL")
     path = os.path.join(options.dir, ".claude", "settings.local.json")
     settings = {}
     if os.path.exists(path):
@@ -4200,13 +4183,7 @@ def _guard_install(options):
         hooks = os.path.join(top, os.path.expanduser(_git("config", "core.hooksPath").strip()))
     except OSError:     # not set: the repository's own hooks folder
         hooks = os.path.abspath(_git("rev-parse", "--git-path", "hooks").strip())
-    identity = []
-    if options.url:
-        identity = ["--url", options.url]
-    elif options.as_name:
-        identity = ["--as", options.as_name]
-        if getattr(options, "db", None):
-            identity += ["--db", os.path.abspath(options.db)]
+    identity = _written_identity(options)
     if options.project:
         identity += ["--project", options.project]
     hook, before = os.path.join(hooks, "pre-commit"), os.path.join(hooks, "pre-commit.before-agora")
@@ -4238,11 +4215,7 @@ exec {command}
 
 def _wait_command(options):
     """Block until there is news and print it (with --follow: each batch, until the timeout)."""
-    try:
-        link = _link(options)
-    except ValueError as e:
-        print(f"agora: {e}", file=sys.stderr)
-        return 2
+    link = _link(options)
     deadline = None if options.timeout is None else time.monotonic() + options.timeout
     printed = False
     try:
@@ -4364,6 +4337,9 @@ def main(argv=None):
     except (StoreError, Unreachable) as error:
         print(f"agora: {error.message}", file=sys.stderr)
         return 1
+    except UsageError as error:
+        print(f"agora: {options.command}: {error}", file=sys.stderr)
+        return 2
 
 
 ###############################################################################
