@@ -1100,7 +1100,7 @@ def path_matches(pattern, path):
     return _meet(pattern.split("/"), parts, segment_matches, "**")
 
 
-def _reservation(row, now):
+def _reservation(row):
     return {"agent": row["agent"], "project": row["project"], "path": row["path"],
             "exclusive": bool(row["exclusive"]), "reason": row["reason"],
             "created": row["created"], "expires": row["expires"]}
@@ -1185,7 +1185,7 @@ def op_brief(store, caller, args, now):
         changed = [_note(row, with_body=False) for row in db.execute(
             "SELECT * FROM notes WHERE updated > ? AND author != ? "
             "ORDER BY updated DESC LIMIT 10", (agent["briefed"], me))]
-        reserved = [_reservation(row, now) for row in db.execute(
+        reserved = [_reservation(row) for row in db.execute(
             f"SELECT * FROM reservations WHERE agent = :me AND {LIVE_RESERVATION} "
             "ORDER BY project, path", {"me": me, "now": now})]
     total = sum(unread.values())
@@ -2118,7 +2118,7 @@ def op_reserve(store, caller, args, now):
     if not patterns:
         raise BadRequest("paths must name at least one pattern")
     with store.transaction(write=True) as db:
-        theirs = [_reservation(row, now) for row in db.execute(
+        theirs = [_reservation(row) for row in db.execute(
             f"SELECT * FROM reservations WHERE project = :project AND agent != :me AND "
             f"{LIVE_RESERVATION}", {"project": project, "me": me, "now": now})]
         conflicts = [(pattern, held) for pattern in patterns for held in theirs
@@ -2139,7 +2139,7 @@ def op_reserve(store, caller, args, now):
             [(project, me, pattern, int(args["exclusive"]), args["reason"] or "", now,
               now + args["lease"]) for pattern in patterns])
         marks = ",".join("?" * len(patterns))
-        granted = [_reservation(row, now) for row in db.execute(
+        granted = [_reservation(row) for row in db.execute(
             f"SELECT * FROM reservations WHERE project = ? AND agent = ? AND path IN ({marks}) "
             "ORDER BY path", [project, me] + patterns)]
     return Result(200, {"reservations": granted}, "reserved " + "; ".join(
@@ -2154,7 +2154,7 @@ def op_reservations(store, caller, args, now):
     """List the live reservations of one project."""
     mine = " AND agent = :me" if args["mine"] else ""
     with store.transaction() as db:
-        held = [_reservation(row, now) for row in db.execute(
+        held = [_reservation(row) for row in db.execute(
             f"SELECT * FROM reservations WHERE project = :project AND {LIVE_RESERVATION}"
             f"{mine} ORDER BY path, agent",
             {"project": args["project"], "me": caller.name, "now": now})]
