@@ -1159,6 +1159,9 @@ def op_join(store, caller, args, now):
                   f"send it as 'Authorization: Bearer <token>'; call brief first")
 
 
+QUIET_HINT = f"all quiet: read wait={MAX_WAIT} waits for mail"
+
+
 @operation("brief", "Start here, and whenever you wake: unread counts, what you hold, "
            "ready tasks, notes changed since your last brief.",
            {"status": _string(0, 200, "what you are doing")})
@@ -1197,7 +1200,7 @@ def op_brief(store, caller, args, now):
     elif open_count:
         hint = f"claim id={top[0]['id']} (or plain claim) to take the top task"
     else:
-        hint = f"all quiet: read wait={MAX_WAIT} waits for mail"
+        hint = QUIET_HINT
     lines = [f"{me}: {agent['status']}" if agent["status"]
              else f"{me} (no status; brief status=... sets one)"]
     if total:
@@ -3696,6 +3699,13 @@ class AgentLink:
             raise REFUSALS_BY_STATUS.get(status, StoreError)(str(answer))
         return answer
 
+    def mark(self):
+        """Answer where the file is, as news sees it: a later mark says it changed (over
+        --url, None: only the server sees its file)."""
+        if self.store is None:
+            return None
+        return tuple(self.store.query_one(f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})"))
+
     def close(self):
         """Let go of the local file, if any."""
         if self.store is not None:
@@ -3745,13 +3755,14 @@ def _command_word(argv):
     return None
 
 
+CLI_COMMANDS = ("serve", "stdio", "wait", "hook", "guard", "ops")
 HOOK_EVENTS = ("session-start", "prompt", "stop", "wake")
 HOOK_CLIENTS = ("claude", "codex", "gemini", "cursor")
 HOOK_TIMEOUT = 5            # seconds a hook may spend talking to agora: it runs on every prompt
-WAKE_TIMEOUT = 3600         # seconds hook wake waits for news, by default
+WAKE_TIMEOUT = 86400        # seconds hook wake waits for news, by default: past a night
 
 
-def _build_parser(command=None):
+def _build_parser(command=None, argv=()):
     """Answer the argument parser; for an operation, with that operation's parser only.
 
     Building all of them costs milliseconds that a one-shot command would
@@ -3763,7 +3774,7 @@ def _build_parser(command=None):
         """A hook never exits 2, which Claude Code reads as "block": one line, exit 0."""
 
         def error(self, message):
-            print(f"agora hook: {message}", file=sys.stderr)
+            hook_trouble(message, "cursor" if "cursor" in argv else "claude")
             sys.exit(0)
     parser_class = HookParser if command == "hook" else argparse.ArgumentParser
     parser = parser_class(
@@ -3776,73 +3787,87 @@ def _build_parser(command=None):
     parser.add_argument("--db", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND",
                                      parser_class=parser_class)
-    serve_parser = commands.add_parser("serve", parents=[common], help="serve HTTP (REST)")
-    serve_parser.add_argument("--addr", default=f"127.0.0.1:{DEFAULT_PORT}",
-                              help="HOST:PORT to listen on; port 0 picks a free one")
-    serve_parser.add_argument("--join-key", default=os.environ.get("AGORA_JOIN_KEY"),
-                              help="the key join must present (default $AGORA_JOIN_KEY)")
-    serve_parser.add_argument("--open", action="store_true",
-                              help="allow a non-loopback address without a join key")
-    serve_parser.add_argument("--allow-host", action="append", default=[], metavar="HOST",
-                              help="also answer to this Host (repeatable)")
-    serve_parser.add_argument("--quiet", action="store_true", help="log no requests")
-    serve_parser.add_argument("--public-url", metavar="URL",
-                              help="the base URL clients reach, for the A2A agent card "
-                                   "(default: the request's Host)")
-    serve_parser.add_argument("--a2a-guest", metavar="NAME",
-                              help="let A2A requests without a token act as agent NAME")
-    serve_parser.add_argument("--a2a-block", type=int, default=A2A_DEFAULT_BLOCK,
-                              metavar="SECONDS", help="longest wait of a blocking A2A "
-                              f"SendMessage (default {A2A_DEFAULT_BLOCK})")
+
+    def wanted(name):
+        """Answer whether to build command NAME's parser (None: the operations')."""
+        return command == name or command not in CLI_COMMANDS + tuple(CATALOG)
+
+    if wanted("serve"):
+        serve_parser = commands.add_parser("serve", parents=[common], help="serve HTTP (REST)")
+        serve_parser.add_argument("--addr", default=f"127.0.0.1:{DEFAULT_PORT}",
+                                  help="HOST:PORT to listen on; port 0 picks a free one")
+        serve_parser.add_argument("--join-key", default=os.environ.get("AGORA_JOIN_KEY"),
+                                  help="the key join must present (default $AGORA_JOIN_KEY)")
+        serve_parser.add_argument("--open", action="store_true",
+                                  help="allow a non-loopback address without a join key")
+        serve_parser.add_argument("--allow-host", action="append", default=[], metavar="HOST",
+                                  help="also answer to this Host (repeatable)")
+        serve_parser.add_argument("--quiet", action="store_true", help="log no requests")
+        serve_parser.add_argument("--public-url", metavar="URL",
+                                  help="the base URL clients reach, for the A2A agent card "
+                                       "(default: the request's Host)")
+        serve_parser.add_argument("--a2a-guest", metavar="NAME",
+                                  help="let A2A requests without a token act as agent NAME")
+        serve_parser.add_argument("--a2a-block", type=int, default=A2A_DEFAULT_BLOCK,
+                                  metavar="SECONDS", help="longest wait of a blocking A2A "
+                                  f"SendMessage (default {A2A_DEFAULT_BLOCK})")
     remote = argparse.ArgumentParser(add_help=False)
     remote.add_argument("--url", default=os.environ.get("AGORA_URL"),
                         help="a remote agora to use instead of the file (default $AGORA_URL)")
     remote.add_argument("--token", default=os.environ.get("AGORA_TOKEN"),
                         help="the bearer token for --url (default $AGORA_TOKEN)")
-    stdio_parser = commands.add_parser("stdio", parents=[common, remote],
-                                       help="speak MCP on stdin/stdout as one agent "
-                                            "(with --url: a bridge to a remote agora)")
-    stdio_parser.add_argument("--as", dest="as_name", metavar="NAME",
-                              help="act as this agent on the local file (default $AGORA_AS)")
-    stdio_parser.add_argument("--channel", action="store_true",
-                              help="also be a Claude Code channel: push news as it comes")
-    stdio_parser.add_argument("--tasks", action="store_true",
-                              help="with --channel: tasks that become ready are news too")
+    if wanted("stdio"):
+        stdio_parser = commands.add_parser("stdio", parents=[common, remote],
+                                           help="speak MCP on stdin/stdout as one agent "
+                                                "(with --url: a bridge to a remote agora)")
+        stdio_parser.add_argument("--as", dest="as_name", metavar="NAME",
+                                  help="act as this agent on the local file (default $AGORA_AS)")
+        stdio_parser.add_argument("--channel", action="store_true",
+                                  help="also be a Claude Code channel: push news as it comes")
+        stdio_parser.add_argument("--tasks", action="store_true",
+                                  help="with --channel: tasks that become ready are news too")
     waiting = argparse.ArgumentParser(add_help=False)
     waiting.add_argument("--as", dest="as_name", metavar="NAME",
                          help="act as this agent on the local file (default $AGORA_AS)")
     waiting.add_argument("--tasks", action="store_true",
                          help="tasks that become ready to claim are news too")
-    wait_parser = commands.add_parser("wait", parents=[common, remote, waiting],
-                                      help="block until there is news, print it")
-    wait_parser.add_argument("--timeout", type=float, metavar="SECONDS",
-                             help="give up after this long: no output, exit 124")
-    wait_parser.add_argument("--follow", action="store_true",
-                             help="keep going: print each batch of news as it comes")
-    hook_parser = commands.add_parser("hook", parents=[common, remote, waiting],
-                                      help="a coding client's hook (or: hook install claude)")
-    hook_parser.add_argument("event", choices=HOOK_EVENTS + ("install",))
-    hook_parser.add_argument("target", nargs="?", choices=("claude",),
-                             help="with install: the client to install the hooks for")
-    hook_parser.add_argument("--client", choices=HOOK_CLIENTS, default="claude")
-    hook_parser.add_argument("--timeout", type=float, default=WAKE_TIMEOUT, metavar="SECONDS",
-                             help=f"how long wake waits (default {WAKE_TIMEOUT})")
-    hook_parser.add_argument("--dir", default=".", help="with install: the project folder")
-    guard_parser = commands.add_parser("guard", parents=[common, remote, waiting],
-                                       help="check staged paths against others' reservations "
-                                            "(or: guard install, the git pre-commit hook)")
-    guard_parser.add_argument("paths", nargs="*", metavar="PATH",
-                              help="paths to check (default: what git has staged)")
-    guard_parser.add_argument("--project", default="", help="the project of the reservations")
-    guard_parser.add_argument("--strict", action="store_true",
-                              help="refuse (exit 1) when agora cannot be reached")
-    ops_parser = commands.add_parser("ops", parents=[common], help="list the operations")
-    ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
+    if wanted("wait"):
+        wait_parser = commands.add_parser("wait", parents=[common, remote, waiting],
+                                          help="block until there is news, print it")
+        wait_parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                                 help="give up after this long: no output, exit 124")
+        wait_parser.add_argument("--follow", action="store_true",
+                                 help="keep going: print each batch of news as it comes")
+    if wanted("hook"):
+        hook_parser = commands.add_parser("hook", parents=[common, remote, waiting],
+                                          help="a coding client's hook (or: hook install CLIENT)")
+        hook_parser.add_argument("event", choices=HOOK_EVENTS + ("install",))
+        hook_parser.add_argument("target", nargs="?", choices=HOOK_CLIENTS,
+                                 help="with install: the client to install the hooks for")
+        hook_parser.add_argument("--client", choices=HOOK_CLIENTS, default="claude")
+        hook_parser.add_argument("--timeout", type=float, default=WAKE_TIMEOUT, metavar="SECONDS",
+                                 help=f"how long wake waits (default {WAKE_TIMEOUT})")
+        hook_parser.add_argument("--dir", default=".", help="with install: the project folder")
+        hook_parser.add_argument("--user", action="store_true",
+                                 help="with install: the user's settings, for every project")
+    if wanted("guard"):
+        guard_parser = commands.add_parser("guard", parents=[common, remote, waiting],
+                                           help="check staged paths against others' reservations "
+                                                "(or: guard install, the git pre-commit hook)")
+        guard_parser.add_argument("paths", nargs="*", metavar="PATH",
+                                  help="paths to check (default: what git has staged)")
+        guard_parser.add_argument("--project", default="", help="the project of the reservations")
+        guard_parser.add_argument("--strict", action="store_true",
+                                  help="refuse (exit 1) when agora cannot be reached")
+    if wanted("ops"):
+        ops_parser = commands.add_parser("ops", parents=[common], help="list the operations")
+        ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
     identity = argparse.ArgumentParser(add_help=False)
     identity.add_argument("--as", dest="as_name", metavar="NAME",
                           help="act as this agent on the local file (default $AGORA_AS)")
     identity.add_argument("--json", action="store_true", help="print the JSON body")
-    for op in [CATALOG[command]] if command in CATALOG else CATALOG.values():
+    for op in [CATALOG[command]] if command in CATALOG else (
+            CATALOG.values() if wanted(None) else ()):
         sub = commands.add_parser(op.name, parents=[common, identity, remote], help=op.summary,
                                   description=f"{op.summary}\narguments: {op.usage()}")
         sub.add_argument("pairs", nargs="*", metavar="key=value")
@@ -3910,43 +3935,111 @@ def _link(options, timeout=REMOTE_TIMEOUT, operator=False):
     return AgentLink(db=getattr(options, "db", None), name=as_name, timeout=timeout)
 
 
-def _stdio_command(options):
-    link = _link(options)
-    notifier = channel_notifier(link, options.tasks) if options.channel else None
-    protocol_out, sys.stdout = sys.stdout, sys.stderr   # stray prints must not reach stdout
-    try:
-        if link.store is None:
-            answer = bridge_answer(options.url, options.token, options.channel)
-        else:
-            ensure_local_agent(link.store, link.name, int(time.time()))
-            endpoint = McpEndpoint(link.store, Caller(link.name, True), channel=options.channel)
-
-            def answer(line):
-                return endpoint.answer(line).message
-        return serve_stdio(answer, sys.stdin.buffer, protocol_out.buffer, notifier)
-    except AgoraError as error:
-        print(f"agora: {error.message}", file=sys.stderr)
-        return 2
-    finally:
-        link.close()
-        sys.stdout = protocol_out
+def _written_identity(options):
+    """Answer the arguments that name the agent in a hook written into a file: --url URL
+    (its token is read from $AGORA_TOKEN when the hook runs, never written), or --as NAME
+    with the --db given; none when neither was given. --as with --url is a UsageError."""
+    if options.url:
+        if options.as_name:
+            raise UsageError("--as names a local identity; with --url the hook reads the "
+                             "token from $AGORA_TOKEN when it runs")
+        return ["--url", options.url]
+    if not options.as_name:
+        return []
+    db = getattr(options, "db", None)
+    return ["--as", options.as_name] + (["--db", os.path.abspath(db)] if db else [])
 
 
-
+# Waking: hooks, wait and the channel ------------------------------------------
 
 def _has_news(body):
     return bool(body["count"] or body["tasks"])
 
 
-def news_facts(body, name):
+def read_command(link):
+    """Answer the shell command that takes LINK's agent's messages, for a model that has
+    hooks but not agora's MCP tools."""
+    import shlex
+    where = (["--url", link.url] if link.url else
+             ["--as", link.name, "--db", os.path.abspath(link.store.path)])
+    return " ".join(shlex.quote(word) for word in [sys.executable, os.path.abspath(__file__),
+                                                    "read", *where])
+
+
+def news_facts(body, link):
     """Answer news as the facts a model reads: what came, for whom, what takes it."""
     count, tasks = body["count"], len(body["tasks"])
     parts = ([f"{count} new message{'s' if count != 1 else ''}"] if count else []) + (
         [f"{tasks} task{'s' if tasks != 1 else ''} ready to claim"] if tasks else [])
-    takes = (["read takes the messages"] if count else []) + (
-        ["claim id=N takes a task"] if tasks else [])
-    who = f" for {name}" if name else ""
+    takes = ([f"agora's read tool or `{read_command(link)}` takes the messages"]
+             if count else []) + (["claim id=N takes a task"] if tasks else [])
+    who = f" for {link.name}" if link.name else ""
     return f"agora: {' and '.join(parts)}{who}; {', '.join(takes)}.\n{body['summary']}"
+
+
+# What the session-start hook says instead of the brief's quiet hint: a hooked agent
+# hears of news from its hooks, so a long `read wait` would only hold it up.
+HOOKED_QUIET_HINT = "next: all quiet; agora's hooks bring what comes"
+
+
+def session_start_text(link, brief):
+    """Answer what a session starts with: what agora is, how to take messages, the brief."""
+    who = f"you are {link.name}" if link.name else "your token says who you are"
+    return (f"agora is where the agents of this project meet (mail, a task board, notes); "
+            f"{who}. Take your messages with agora's read tool, or run "
+            f"`{read_command(link)}`.\n"
+            + brief.replace(f"next: {QUIET_HINT}", HOOKED_QUIET_HINT))
+
+
+class NewsMark:
+    """What a loop that peeks at news has shown already: messages up to an id, how many
+    were untold then, and the ready tasks it announced (by id and last change)."""
+
+    def __init__(self):
+        self.message_id, self.count, self.tasks = 0, 0, set()
+
+    def fresh(self, body):
+        """Answer BODY cut down to what was not shown yet, and remember it as shown."""
+        previews = [m for m in body["messages"] if m["id"] > self.message_id]
+        beyond = body["count"] - len(body["messages"])     # untold past the previews
+        grew = body["count"] > self.count
+        keys = {(task["id"], task["updated"]) for task in body["tasks"]}
+        tasks = [task for task in body["tasks"] if (task["id"], task["updated"]) not in self.tasks]
+        self.message_id = max([self.message_id] + [m["id"] for m in body["messages"]])
+        self.count, self.tasks = body["count"], keys
+        count = len(previews) + beyond if previews or grew else 0
+        return dict(body, messages=previews, count=count, tasks=tasks)
+
+
+def news_batches(link, tasks, deadline=None, peek=False):
+    """Yield each batch of news for LINK's agent as it comes, until DEADLINE (a monotonic
+    time; None: for ever): the one long-poll loop of wake, wait and the channel.
+
+    With PEEK nothing is marked told and each batch holds only what this loop has not
+    shown before (NewsMark): a path that may never reach the model, such as a channel
+    the client switched off, must not hide news from the hooks. A peek answers at once
+    while there is untold news, so between peeks that found nothing fresh the loop
+    waits for the file to change (polls, backing off, over --url).
+    """
+    shown, backoff = NewsMark() if peek else None, 1
+    while deadline is None or time.monotonic() < deadline:
+        left = MAX_WAIT if deadline is None else deadline - time.monotonic()
+        before = link.mark() if peek else None
+        body = link.call("news", {"wait": max(1, min(MAX_WAIT, int(left))),
+                                  "tasks": tasks, "peek": peek})
+        if peek:
+            stale = _has_news(body)
+            body = shown.fresh(body)
+            if stale and not _has_news(body):
+                if link.store is not None:      # the file itself says when it changes
+                    link.store.wait(lambda: link.mark() != before, min(left, MAX_WAIT))
+                else:
+                    time.sleep(min(backoff, max(0, left)))
+                    backoff = min(2 * backoff, 8)
+                continue
+            backoff = 1
+        if _has_news(body):
+            yield body
 
 
 def hook_json(event, client, text):
@@ -3966,41 +4059,63 @@ def hook_json(event, client, text):
     return {"hookSpecificOutput": {"hookEventName": name, "additionalContext": text}}
 
 
+def _hook_input():
+    """Answer the JSON object the client gave the hook on stdin ({} for anything else)."""
+    try:
+        data = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+    except (OSError, ValueError):
+        return {}
+    given = parse_json_or_none(data.lstrip("\ufeff") or "{}")
+    return given if isinstance(given, dict) else {}
+
+
+def interactive_session():
+    """Answer whether the client runs this hook in a session a person attends.
+
+    Claude Code backgrounds an asyncRewake hook only there; headless (claude -p, the
+    SDKs) it waits for the hook, so a waiter would stall the run and swallow the news.
+    Claude Code names its entry point: ``cli`` interactive, ``sdk-cli``/``sdk-*`` not.
+    """
+    return not os.environ.get("CLAUDE_CODE_ENTRYPOINT", "").startswith("sdk")
+
+
 def _hook_command(options):
     """Run one hook; it never breaks the client's session (exit 0, at most one line)."""
     if options.event == "install":
-        return _install_claude_hooks(options)
-    try:
-        if not sys.stdin.isatty():
-            sys.stdin.read()            # the client's JSON: read, so it never blocks on us
-    except (OSError, ValueError):
-        pass
+        return _install_hooks(options)
+    given = _hook_input()               # read it all, so the client never blocks on us
     if options.event == "wake":
         return _wake(options)
     if hook_json(options.event, options.client, "") is None:
         return 0                        # the client takes nothing: nothing is told
+    if options.event == "stop" and given.get("stop_hook_active") is True:
+        return 0                        # it goes on because of a stop hook already
     try:
         link = _link(options, HOOK_TIMEOUT)
         try:
             if options.event == "session-start":
-                text = "agora: " + link.call("brief", {}, text=True)
+                text = session_start_text(link, link.call("brief", {}, text=True))
             else:
                 body = link.call("news", {"tasks": options.tasks})
-                text = news_facts(body, link.name) if _has_news(body) else None
+                text = news_facts(body, link) if _has_news(body) else None
         finally:
             link.close()
     except Exception as error:          # whatever it is, the session goes on
-        _hook_trouble(error)
+        hook_trouble(error, options.client)
         return 0
     if text:
         print(json.dumps(hook_json(options.event, options.client, text)))
     return 0
 
 
-def _hook_trouble(error):
-    """Say in one line on stderr why a hook had nothing to say."""
+def hook_trouble(error, client=None):
+    """Say in one line why a hook had nothing to say: on stderr, and as the systemMessage
+    that Claude Code, Codex and Gemini CLI show the person (a Cursor hook: stderr only)."""
     lines = str(error).splitlines()
-    print(f"agora hook: {lines[0] if lines else type(error).__name__}", file=sys.stderr)
+    line = f"agora hook: {lines[0] if lines else type(error).__name__}"
+    print(line, file=sys.stderr)
+    if client in ("claude", "codex", "gemini"):
+        print(json.dumps({"systemMessage": line}))
 
 
 def wake_lock_path(key):
@@ -4027,100 +4142,270 @@ def _wake_lock(key):
 
 def _wake(options):
     """Wait for news; say it on stderr and exit 2 (Claude Code's asyncRewake wakes the
-    session), or exit 0 quietly at the timeout. One wake per agent runs at a time."""
+    session), or exit 0 quietly at the timeout. One wake per agent runs at a time, and
+    none in a session nobody attends (interactive_session)."""
+    if not interactive_session():
+        return 0
     try:
         link = _link(options)
     except Exception as error:
-        _hook_trouble(error)
+        hook_trouble(error)
         return 0
-    lock = _wake_lock(link.key)
-    if lock is None:
-        link.close()
-        return 0
-    deadline = time.monotonic() + options.timeout
     try:
+        lock = _wake_lock(link.key)
+        if lock is None:
+            return 0
         with lock:
-            while time.monotonic() < deadline:
-                left = max(1, min(MAX_WAIT, int(deadline - time.monotonic())))
-                body = link.call("news", {"wait": left, "tasks": options.tasks})
-                if _has_news(body):
-                    print(news_facts(body, link.name), file=sys.stderr)
-                    return 2
+            for body in news_batches(link, options.tasks, time.monotonic() + options.timeout):
+                print(news_facts(body, link), file=sys.stderr)
+                return 2
         return 0
     except Exception as error:
-        _hook_trouble(error)
+        hook_trouble(error)
         return 0
     finally:
         link.close()
 
 
-def claude_hooks(identity):
-    """Answer agora's Claude Code hooks, by event: exec form, absolute paths, IDENTITY args."""
-    def hook(event, **extra):
-        return dict({"type": "command", "command": sys.executable,
-                     "args": [os.path.abspath(__file__), "hook", event, *identity]}, **extra)
-    # An async hook's own timeout defaults to 600 s: the waiter's must outlast it.
-    wake = hook("wake", asyncRewake=True, timeout=WAKE_TIMEOUT + 60)
-    return {"SessionStart": [hook("session-start", timeout=30), wake],
-            "UserPromptSubmit": [hook("prompt", timeout=30)],
-            "Stop": [hook("stop", timeout=30), wake]}
+def _wait_command(options):
+    """Block until there is news and print it (with --follow: each batch, until the timeout)."""
+    link = _link(options)
+    deadline = None if options.timeout is None else time.monotonic() + options.timeout
+    printed = False
+    try:
+        for body in news_batches(link, options.tasks, deadline):
+            print(body["summary"], flush=True)
+            printed = True
+            if not options.follow:
+                break
+    except KeyboardInterrupt:
+        return 130
+    except AgoraError as error:
+        print(f"agora: {error.text}", file=sys.stderr)
+        return 1
+    finally:
+        link.close()
+    return 0 if printed else 124
 
 
-def _written_identity(options):
-    """Answer the arguments that name the agent in a hook written into a file: --url URL
-    (its token is read from $AGORA_TOKEN when the hook runs, never written), or --as NAME
-    with the --db given; none when neither was given. --as with --url is a UsageError."""
-    if options.url:
-        if options.as_name:
-            raise UsageError("--as names a local identity; with --url the hook reads the "
-                             "token from $AGORA_TOKEN when it runs")
-        return ["--url", options.url]
-    if not options.as_name:
-        return []
-    db = getattr(options, "db", None)
-    return ["--as", options.as_name] + (["--db", os.path.abspath(db)] if db else [])
+def channel_events(body, now):
+    """Answer the notifications/claude/channel messages for one batch of news.
+
+    Meta values are strings and keys only [a-z_] (Claude Code drops others);
+    '<' and '>' of peer text are replaced, so no peer can close the tag.
+    """
+    def event(kind, text, ids):
+        content = text.replace("<", "‹").replace(">", "›")
+        return {"jsonrpc": "2.0", "method": "notifications/claude/channel",
+                "params": {"content": content, "meta": {
+                    "kind": kind, "count": str(len(ids) if kind == "task" else body["count"]),
+                    "ids": ",".join(str(i) for i in ids)}}}
+    events = []
+    if body["count"]:
+        events.append(event("mail", news_summary(body["messages"], body["count"], [], now),
+                            [m["id"] for m in body["messages"]]))
+    if body["tasks"]:
+        events.append(event("task", news_summary([], 0, body["tasks"], now),
+                            [t["id"] for t in body["tasks"]]))
+    return events
 
 
-def _is_agora_hook(hook):
-    args = hook.get("args") if isinstance(hook, dict) else None
-    return (isinstance(args, list) and len(args) > 1 and isinstance(args[0], str)
-            and os.path.basename(args[0]) == "agora.py" and args[1] == "hook")
+def channel_notifier(link, tasks):
+    """Answer the stdio notifier of a channel: it pushes each batch of LINK's news.
+
+    It only peeks: Claude Code drops a channel's notifications silently when channels
+    are off for the session, so what it pushed may never reach the model and stays
+    news for the hooks (a duplicate at worst, never a loss).
+    """
+    def notify(write):
+        while True:
+            try:
+                for body in news_batches(link, tasks, peek=True):
+                    for message in channel_events(body, int(time.time())):
+                        write(message)
+            except (AgoraError, OSError) as error:
+                print(f"agora channel: {error}", file=sys.stderr)
+                time.sleep(5)           # the server may be back soon; never spin
+    return notify
 
 
-def _install_claude_hooks(options):
-    """Merge agora's hooks into .claude/settings.local.json, keeping everything else."""
-    if options.target != "claude":
-        raise UsageError("say which client: hook install claude")
+def _stdio_command(options):
+    link = _link(options)
+    notifier = channel_notifier(link, options.tasks) if options.channel else None
+    protocol_out, sys.stdout = sys.stdout, sys.stderr   # stray prints must not reach stdout
+    try:
+        if link.store is None:
+            answer = bridge_answer(options.url, options.token, options.channel)
+        else:
+            ensure_local_agent(link.store, link.name, int(time.time()))
+            endpoint = McpEndpoint(link.store, Caller(link.name, True), channel=options.channel)
+
+            def answer(line):
+                return endpoint.answer(line).message
+        return serve_stdio(answer, sys.stdin.buffer, protocol_out.buffer, notifier)
+    except AgoraError as error:
+        print(f"agora: {error.message}", file=sys.stderr)
+        return 2
+    finally:
+        link.close()
+        sys.stdout = protocol_out
+
+
+# Installing the hooks: each client's settings file, merged, never holding a token.
+
+# Where each client reads hooks: in a project (under --dir), and for the user (home).
+HOOK_FILES = {"claude": (".claude/settings.local.json", ".claude/settings.json"),
+              "codex": (".codex/hooks.json", ".codex/hooks.json"),
+              "gemini": (".gemini/settings.json", ".gemini/settings.json"),
+              "cursor": (".cursor/hooks.json", ".cursor/hooks.json")}
+# Agora's hooks in each client: (the client's event, agora's hook event).
+CLIENT_HOOKS = {
+    "claude": [("SessionStart", "session-start"), ("SessionStart", "wake"),
+               ("UserPromptSubmit", "prompt"), ("Stop", "stop"), ("Stop", "wake")],
+    "codex": [("SessionStart", "session-start"), ("UserPromptSubmit", "prompt"),
+              ("Stop", "stop")],
+    "gemini": [("SessionStart", "session-start"), ("BeforeAgent", "prompt"),
+               ("AfterAgent", "stop")],
+    "cursor": [("stop", "stop")],
+}
+# What the client still needs before the hooks run, said once they are written.
+HOOK_TRUST_STEPS = {
+    "codex": "Codex runs new hooks only once you trust them: start codex and pick \"Trust "
+             "all and continue\" (or /hooks); until then codex exec skips them silently. It "
+             "reads a project's .codex/ only in a trusted project.",
+    "gemini": "Gemini CLI ignores a project's .gemini/settings.json until the folder is "
+              "trusted: trust it when gemini asks (or with /permissions).",
+}
+# The model reads a wake as news from other agents, and the person sees this summary.
+REWAKE_MESSAGE = "News from other agents in agora (they write it, not the user):"
+REWAKE_SUMMARY = "agora: new mail"
+
+
+def hook_argv(event, client, identity):
+    """Answer the command line of one hook. It imports agora as a module, so Python's
+    bytecode cache spares each run the compiling of this whole file."""
+    folder = json.dumps(os.path.dirname(os.path.abspath(__file__)))   # a Python literal too
+    launcher = f"import sys; sys.path.insert(0, {folder}); import agora; sys.exit(agora.main())"
+    argv = [sys.executable, "-c", launcher, "hook", event]
+    return argv + (["--client", client] if client != "claude" else []) + identity
+
+
+def hook_entry(client, event, identity):
+    """Answer CLIENT's settings entry for agora's hook EVENT."""
+    import shlex
+    argv = hook_argv(event, client, identity)
+    if client == "claude":          # the exec form: no shell, no quoting
+        entry = {"type": "command", "command": argv[0], "args": argv[1:], "timeout": 30}
+        if event == "wake":         # an async hook's timeout defaults to 600 s
+            entry.update(asyncRewake=True, timeout=WAKE_TIMEOUT + 60,
+                         rewakeMessage=REWAKE_MESSAGE, rewakeSummary=REWAKE_SUMMARY)
+        return entry
+    command = " ".join(shlex.quote(word) for word in argv)
+    if client == "cursor":
+        return {"command": command, "loop_limit": 5}
+    return {"type": "command", "command": command,
+            "timeout": 30000 if client == "gemini" else 30}      # Gemini counts milliseconds
+
+
+def is_agora_hook(entry):
+    """Answer whether a settings ENTRY runs one of agora's hooks (as written now or before)."""
+    import shlex
+    if not isinstance(entry, dict):
+        return False
+    argv = entry.get("args")
+    if isinstance(argv, list):
+        argv = [entry.get("command")] + argv
+    else:
+        try:
+            argv = shlex.split(entry.get("command") or "")
+        except (TypeError, ValueError):
+            return False
+    for at, word in enumerate(argv[:-1]):
+        after = argv[at + 1:]
+        if isinstance(word, str) and (os.path.basename(word) == "agora.py" and after[:1] == ["hook"]
+                                      or word == "-c" and "import agora" in str(after[0])
+                                      and after[1:2] == ["hook"]):
+            return True
+    return False
+
+
+def merged_hooks(client, settings, identity):
+    """Answer SETTINGS with agora's hooks for CLIENT in place of any earlier ones, or None
+    when they are not in a shape agora understands (then nothing is written)."""
+    hooks = settings.get("hooks", {})
+    if not isinstance(hooks, dict) or any(
+            not isinstance(hooks.get(event, []), list) for event, _ in CLIENT_HOOKS[client]):
+        return None
+    hooks = dict(hooks)
+    for event in dict.fromkeys(event for event, _ in CLIENT_HOOKS[client]):
+        ours = [hook_entry(client, hook, identity) for name, hook in CLIENT_HOOKS[client]
+                if name == event]
+        kept = []
+        for item in hooks.get(event, []):
+            if client == "cursor":              # cursor lists the handlers themselves
+                if not is_agora_hook(item):
+                    kept.append(item)
+            elif isinstance(item, dict) and isinstance(item.get("hooks"), list):
+                theirs = [hook for hook in item["hooks"] if not is_agora_hook(hook)]
+                if theirs:
+                    kept.append(dict(item, hooks=theirs))
+            else:
+                kept.append(item)
+        hooks[event] = kept + (ours if client == "cursor" else [{"hooks": ours}])
+    settings = dict(settings, hooks=hooks)
+    if client == "cursor":
+        settings.setdefault("version", 1)
+    return settings
+
+
+def _cache_bytecode():
+    """Compile agora into Python's bytecode cache, which the written hooks then read
+    (also where $PYTHONDONTWRITEBYTECODE keeps Python from writing it itself)."""
+    import importlib.util
+    import py_compile
+    source = os.path.abspath(__file__)
+    with contextlib.suppress(OSError, py_compile.PyCompileError):
+        py_compile.compile(source, cfile=importlib.util.cache_from_source(source), doraise=True)
+
+
+def _install_hooks(options):
+    """Merge agora's hooks into a client's settings file, keeping everything else."""
+    client = options.target
+    if client is None:
+        raise UsageError(f"say which client: hook install {'|'.join(HOOK_CLIENTS)}")
     identity = _written_identity(options)
     if not identity:
         raise UsageError("install needs --as NAME or --url URL")
-    path = os.path.join(options.dir, ".claude", "settings.local.json")
+    project, user = HOOK_FILES[client]
+    if not options.user:
+        path = os.path.join(options.dir, project)
+    elif client == "codex" and os.environ.get("CODEX_HOME"):
+        path = os.path.join(os.environ["CODEX_HOME"], "hooks.json")
+    else:
+        path = os.path.join(os.path.expanduser("~"), user)
     settings = {}
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             settings = parse_json_or_none(f.read() or "{}")
-        if not isinstance(settings, dict) or not isinstance(settings.get("hooks", {}), dict):
-            print(f"agora: {path} is not a JSON object of settings; left untouched",
-                  file=sys.stderr)
-            return 1
-    hooks = settings.setdefault("hooks", {})
-    for event, entries in claude_hooks(identity).items():
-        groups = []
-        for group in hooks.get(event) or []:
-            if isinstance(group, dict) and isinstance(group.get("hooks"), list):
-                group = dict(group, hooks=[h for h in group["hooks"] if not _is_agora_hook(h)])
-                if not group["hooks"]:
-                    continue
-            groups.append(group)
-        hooks[event] = groups + [{"hooks": entries}]
+    merged = merged_hooks(client, settings, identity) if isinstance(settings, dict) else None
+    if merged is None:
+        print(f"agora: {path} is not a JSON object of settings with lists of hooks; "
+              "left untouched", file=sys.stderr)
+        return 1
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+        f.write(json.dumps(merged, indent=2, ensure_ascii=False) + "\n")
     os.replace(path + ".tmp", path)
-    print(f"agora hooks for Claude Code in {path}: SessionStart, UserPromptSubmit, Stop "
-          f"({' '.join(identity)})")
+    _cache_bytecode()
+    events = ", ".join(dict.fromkeys(event for event, _ in CLIENT_HOOKS[client]))
+    print(f"agora hooks for {client} in {path}: {events} ({' '.join(identity)})")
+    step = HOOK_TRUST_STEPS.get(client)
+    if step and not (client == "gemini" and options.user):
+        print(f"next: {step}")
     return 0
 
+
+# Guard: the git pre-commit check of path reservations ----------------------------
 
 def _git(*args):
     """Answer git's output for ARGS in the current folder; raise OSError when git fails."""
@@ -4213,68 +4498,6 @@ exec {command}
     return 0
 
 
-def _wait_command(options):
-    """Block until there is news and print it (with --follow: each batch, until the timeout)."""
-    link = _link(options)
-    deadline = None if options.timeout is None else time.monotonic() + options.timeout
-    printed = False
-    try:
-        while deadline is None or time.monotonic() < deadline:
-            left = MAX_WAIT if deadline is None else int(deadline - time.monotonic())
-            body = link.call("news", {"wait": max(1, min(MAX_WAIT, left)),
-                                      "tasks": options.tasks})
-            if _has_news(body):
-                print(body["summary"], flush=True)
-                printed = True
-                if not options.follow:
-                    return 0
-    except KeyboardInterrupt:
-        return 130
-    except AgoraError as error:
-        print(f"agora: {error.text}", file=sys.stderr)
-        return 1
-    finally:
-        link.close()
-    return 0 if printed else 124
-
-
-def channel_events(body, now):
-    """Answer the notifications/claude/channel messages for one batch of news.
-
-    Meta values are strings and keys only [a-z_] (Claude Code drops others);
-    '<' and '>' of peer text are replaced, so no peer can close the tag.
-    """
-    def event(kind, text, ids):
-        content = text.replace("<", "‹").replace(">", "›")
-        return {"jsonrpc": "2.0", "method": "notifications/claude/channel",
-                "params": {"content": content, "meta": {
-                    "kind": kind, "count": str(len(ids) if kind == "task" else body["count"]),
-                    "ids": ",".join(str(i) for i in ids)}}}
-    events = []
-    if body["count"]:
-        events.append(event("mail", news_summary(body["messages"], body["count"], [], now),
-                            [m["id"] for m in body["messages"]]))
-    if body["tasks"]:
-        events.append(event("task", news_summary([], 0, body["tasks"], now),
-                            [t["id"] for t in body["tasks"]]))
-    return events
-
-
-def channel_notifier(link, tasks):
-    """Answer the stdio notifier of a channel: it pushes each batch of LINK's news."""
-    def notify(write):
-        while True:
-            try:
-                body = link.call("news", {"wait": MAX_WAIT, "tasks": tasks})
-            except (AgoraError, OSError) as error:
-                print(f"agora channel: {error}", file=sys.stderr)
-                time.sleep(5)           # the server may be back soon; never spin
-                continue
-            for message in channel_events(body, int(time.time())):
-                write(message)
-    return notify
-
-
 def _serve_command(options):
     try:
         host, port = _parse_address(options.addr)
@@ -4309,7 +4532,7 @@ def _serve_command(options):
 def main(argv=None):
     """Run the command line; answer the exit status (0 ok, 1 refused, 2 usage)."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = _build_parser(_command_word(argv))
+    parser = _build_parser(_command_word(argv), argv)
     try:
         options = parser.parse_args(argv)
     except SystemExit as exit:

@@ -3354,11 +3354,16 @@ class HookTest(unittest.TestCase):
         return agora.call(self.store, "post", {"body": body}, agora.Caller("alice", True))
 
     def hook(self, *argv, stdin="{}", env=None):
-        """Run the hook in a real process; answer (exit status, stdout, stderr)."""
+        """Run the hook in a real process, as an interactive Claude Code session would;
+        answer (exit status, stdout, stderr)."""
         done = subprocess.run([sys.executable, AGORA, "hook", *argv, "--db", self.db],
                               input=stdin, capture_output=True, text=True, timeout=30,
-                              env=dict(os.environ, AGORA_AS="", AGORA_URL="", **(env or {})))
+                              env=dict(os.environ, AGORA_AS="", AGORA_URL="",
+                                       **dict({"CLAUDE_CODE_ENTRYPOINT": "cli"}, **(env or {}))))
         return done.returncode, done.stdout, done.stderr
+
+    def untold(self):
+        return agora.call(self.store, "news", {"peek": True}, agora.Caller("bob", True)).body
 
     def test_every_event_and_client_says_it_in_the_documented_shape(self):
         for client in agora.HOOK_CLIENTS:
@@ -3385,10 +3390,11 @@ class HookTest(unittest.TestCase):
                         text = answer["reason"]
                     else:
                         text = answer["followup_message"]
-                    self.assertTrue(text.startswith("agora: "), text)
+                    self.assertTrue(text.startswith("agora"), text)
                     if event != "session-start":
                         self.assertIn(f"news for {client} {event}", text)
-                        self.assertRegex(text, r"^agora: \d+ new messages? for bob; read "
+                        self.assertRegex(text, r"^agora: \d+ new messages? for bob; agora's "
+                                               r"read tool or `[^`]+ read --as bob --db [^`]+` "
                                                r"takes the messages\.\n#\d+ public alice")
                     if event != "session-start":    # told now: nothing more to say
                         code, out, err = self.hook(event, "--client", client, "--as", "bob")
@@ -3411,18 +3417,59 @@ class HookTest(unittest.TestCase):
                  "unknown client": ("stop", "--client", "vim", "--as", "bob"),
                  "bad name": ("prompt", "--as", "Not A Name"),
                  "unknown option": ("stop", "--as", "bob", "--loud"),
+                 "cursor, agora down": ("stop", "--client", "cursor", "--url", closed),
                  "wake without identity": ("wake", "--timeout", "1")}
         for label, argv in cases.items():
             with self.subTest(label):
                 code, out, err = self.hook(*argv)
-                self.assertEqual((code, out), (0, ""), err)
+                self.assertEqual(code, 0, err)
                 self.assertEqual(len(err.splitlines()), 1, err)
                 self.assertNotIn("Traceback", err)
-        for stdin in ("", "not json", "[1, 2", '{"stop_hook_active": true}', '\ufeff{}'):
+                # The person sees the line too, where the client shows a systemMessage.
+                shown = not label.startswith(("cursor", "wake"))
+                self.assertEqual(out, json.dumps({"systemMessage": err.strip()}) + "\n"
+                                 if shown else "")
+        for stdin in ("", "not json", "[1, 2", '{"stop_hook_active": "yes"}', '\ufeff{}'):
             with self.subTest(stdin=stdin):
                 self.post(f"after {stdin!r}")
                 code, out, err = self.hook("stop", "--as", "bob", stdin=stdin)
                 self.assertEqual((code, err, json.loads(out)["decision"]), (0, "", "block"))
+
+    def test_a_stop_hook_already_continuing_does_not_block_again(self):
+        self.post("keep going?")
+        for client in ("claude", "codex", "gemini"):
+            given = dict(HOOK_INPUT[client], stop_hook_active=True)
+            self.assertEqual(self.hook("stop", "--client", client, "--as", "bob",
+                                       stdin=json.dumps(given)), (0, "", ""))
+        self.assertEqual(self.untold()["count"], 1)     # the next prompt or wake says it
+        code, out, err = self.hook("stop", "--as", "bob", stdin=json.dumps(HOOK_INPUT["claude"]))
+        self.assertIn("keep going?", json.loads(out)["reason"])
+
+    def test_the_session_starts_knowing_what_agora_is_and_how_to_read(self):
+        import shlex
+        code, out, err = self.hook("session-start", "--as", "bob")
+        self.assertEqual((code, err), (0, ""))
+        text = json.loads(out)["hookSpecificOutput"]["additionalContext"]
+        first = text.splitlines()[0]
+        self.assertIn("agora is where the agents of this project meet", first)
+        self.assertIn("agora's read tool", first)
+        command = shlex.split(re.search(r"`([^`]+)`", first).group(1))
+        self.assertEqual(command, [sys.executable, AGORA, "read", "--as", "bob", "--db",
+                                   self.db])
+        self.assertNotIn("read wait", text)         # the hooks do the waiting
+        self.assertIn("next: all quiet", text)
+        self.post("take me")
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        self.assertIn("take me", done.stdout)
+
+    def test_wake_does_not_hold_up_a_session_nobody_attends(self):
+        self.post("for a headless run")
+        for entry in ("sdk-cli", "sdk-ts"):
+            started = time.monotonic()
+            self.assertEqual(self.hook("wake", "--as", "bob",
+                                       env={"CLAUDE_CODE_ENTRYPOINT": entry}), (0, "", ""))
+            self.assertLess(time.monotonic() - started, 10)
+        self.assertEqual(self.untold()["count"], 1)     # nothing swallowed
 
     def test_over_the_wire_and_with_a_bad_token(self):
         server = agora.make_server(self.store, "127.0.0.1", 0, quiet=True)
@@ -3433,8 +3480,9 @@ class HookTest(unittest.TestCase):
         self.addCleanup(server.shutdown)
         url = f"http://127.0.0.1:{server.server_address[1]}"
         code, out, err = self.hook("prompt", "--url", url, "--token", "agora_bogus")
-        self.assertEqual((code, out, len(err.splitlines())), (0, "", 1), err)
+        self.assertEqual((code, len(err.splitlines())), (0, 1), err)
         self.assertIn("unknown token", err)
+        self.assertIn("unknown token", json.loads(out)["systemMessage"])
         token = agora.call(self.store, "join", {"name": "bob"}).body["token"]
         self.post("over the wire")
         code, out, err = self.hook("prompt", "--url", url, env={"AGORA_TOKEN": token})
@@ -3456,7 +3504,8 @@ class HookTest(unittest.TestCase):
         os.remove(lock)
         wake = subprocess.Popen([sys.executable, AGORA, "hook", "wake", "--as", "bob",
                                  "--timeout", "60", "--db", self.db], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, CLAUDE_CODE_ENTRYPOINT="cli"))
         self.addCleanup(lambda: wake.poll() is None and wake.kill())
         self.assertTrue(until(lambda: os.path.exists(lock)))       # the first one holds it
         second = self.hook("wake", "--as", "bob", "--timeout", "30")   # one wake per agent
@@ -3511,74 +3560,181 @@ class WaitCommandTest(unittest.TestCase):
 
 
 class HookInstallTest(unittest.TestCase):
-    """`agora.py hook install claude`: merged into .claude/settings.local.json."""
+    """`agora.py hook install CLIENT [--user]`: each client's settings file, merged."""
+
+    # What each client documents for a hook handler: the events agora uses, and the fields
+    # a handler may have (Codex and Gemini CLI: event -> groups of {hooks: [handler]},
+    # Gemini's timeout in ms; Cursor: {version: 1, hooks: {stop: [handler]}}).
+    DOCUMENTED = {
+        "claude": ({"SessionStart": ["session-start", "wake"], "UserPromptSubmit": ["prompt"],
+                    "Stop": ["stop", "wake"]},
+                   {"type", "command", "args", "timeout", "asyncRewake", "rewakeMessage",
+                    "rewakeSummary"}),
+        "codex": ({"SessionStart": ["session-start"], "UserPromptSubmit": ["prompt"],
+                   "Stop": ["stop"]}, {"type", "command", "timeout", "statusMessage"}),
+        "gemini": ({"SessionStart": ["session-start"], "BeforeAgent": ["prompt"],
+                    "AfterAgent": ["stop"]}, {"type", "command", "timeout", "name",
+                                              "description"}),
+        "cursor": ({"stop": ["stop"]}, {"command", "timeout", "loop_limit", "matcher"}),
+    }
+    FILES = {"claude": ".claude/settings.local.json", "codex": ".codex/hooks.json",
+             "gemini": ".gemini/settings.json", "cursor": ".cursor/hooks.json"}
 
     def setUp(self):
         self.dir = temp_dir(self)
-        self.settings = os.path.join(self.dir, ".claude", "settings.local.json")
+        self.home, self.project = (os.path.join(self.dir, name) for name in ("home", "project"))
+        os.makedirs(self.home)
+        os.makedirs(self.project)
+        self.db = os.path.join(self.dir, "agora.db")
 
-    def install(self, *argv, env=None):
-        return subprocess.run([sys.executable, AGORA, "hook", "install", "claude", "--dir",
-                               self.dir, *argv], capture_output=True, text=True, timeout=30,
-                              env=dict(os.environ, AGORA_AS="", AGORA_DB="", **(env or {})))
+    def install(self, client, *argv, env=None):
+        return subprocess.run([sys.executable, AGORA, "hook", "install", client, "--dir",
+                               self.project, *argv], capture_output=True, text=True, timeout=30,
+                              env=dict(os.environ, **dict(dict(HOME=self.home, AGORA_AS="",
+                                                               AGORA_DB="", CODEX_HOME=""),
+                                                          **(env or {}))))
 
-    def read(self):
-        with open(self.settings, encoding="utf-8") as f:
+    def path(self, client, user=False):
+        return os.path.join(self.home if user else self.project,
+                            ".claude/settings.json" if user and client == "claude"
+                            else self.FILES[client])
+
+    def read(self, client, user=False):
+        with open(self.path(client, user), encoding="utf-8") as f:
             return f.read()
 
-    def test_hooks_as_the_spec_lists_them_and_everything_else_kept(self):
-        os.makedirs(os.path.dirname(self.settings))
+    def handlers(self, client, settings):
+        """Answer {event: [agora's handlers]} of a written file, checking its shape."""
+        found = {}
+        for event, entries in settings["hooks"].items():
+            self.assertIsInstance(entries, list)
+            handlers = entries if client == "cursor" else [
+                handler for group in entries for handler in group["hooks"]]
+            found[event] = [handler for handler in handlers if agora.is_agora_hook(handler)]
+        return found
+
+    @staticmethod
+    def argv(client, handler):
+        import shlex
+        if client == "claude":
+            return [handler["command"]] + handler["args"]
+        return shlex.split(handler["command"])
+
+    def test_each_client_gets_its_documented_shape(self):
+        for client, (events, fields) in self.DOCUMENTED.items():
+            with self.subTest(client):
+                done = self.install(client, "--as", "bob", "--db", self.db)
+                self.assertEqual(done.returncode, 0, done.stderr)
+                self.assertIn(self.path(client), done.stdout.replace("/./", "/"))
+                settings = json.loads(self.read(client))
+                if client == "cursor":
+                    self.assertEqual(settings["version"], 1)
+                found = self.handlers(client, settings)
+                self.assertEqual({event: [self.argv(client, h)[4] for h in handlers]
+                                  for event, handlers in found.items()}, events)
+                for handlers in found.values():
+                    for handler in handlers:
+                        self.assertLessEqual(set(handler), fields)
+                        self.assertEqual(handler.get("type", "command"), "command")
+                        argv = self.argv(client, handler)
+                        self.assertEqual(argv[0], sys.executable)
+                        self.assertEqual(argv[1], "-c")          # agora as a module: cached
+                        self.assertIn("import agora", argv[2])
+                        self.assertEqual(argv[-4:], ["--as", "bob", "--db", self.db])
+                        if client != "claude":
+                            self.assertEqual(argv[5:7], ["--client", client])
+                        if client == "gemini":
+                            self.assertGreaterEqual(handler["timeout"], 1000)   # milliseconds
+                        if argv[4] == "wake":
+                            self.assertIs(handler["asyncRewake"], True)
+                            self.assertGreater(handler["timeout"], agora.WAKE_TIMEOUT)
+                            self.assertEqual(handler["rewakeSummary"], "agora: new mail")
+                            self.assertIn("not the user", handler["rewakeMessage"])
+                trust = {"codex": "Trust all and continue", "gemini": "trusted"}.get(client)
+                if trust:
+                    self.assertIn(trust, done.stdout)
+
+    def test_the_written_hooks_run_and_reach_agora(self):
+        store = agora.Store(self.db)
+        self.addCleanup(store.close)
+        agora.call(store, "brief", {}, agora.Caller("bob", True))
+        for client in ("claude", "codex"):
+            self.assertEqual(self.install(client, "--as", "bob", "--db", self.db).returncode, 0)
+            agora.call(store, "post", {"body": f"hello {client}"}, agora.Caller("alice", True))
+            prompt = self.handlers(client, json.loads(self.read(client)))["UserPromptSubmit"][0]
+            if client == "claude":
+                done = subprocess.run(self.argv(client, prompt), input="{}", capture_output=True,
+                                      text=True, timeout=30)
+            else:                           # Codex runs the command through a shell
+                done = subprocess.run(prompt["command"], shell=True, input="{}",
+                                      capture_output=True, text=True, timeout=30)
+            self.assertEqual((done.returncode, done.stderr), (0, ""))
+            self.assertIn(f"hello {client}",
+                          json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"])
+        import importlib.util
+        self.assertTrue(os.path.exists(importlib.util.cache_from_source(AGORA)))
+
+    def test_everything_else_is_kept_and_again_changes_nothing(self):
+        os.makedirs(os.path.dirname(self.path("claude")))
         theirs = {"type": "command", "command": "/bin/echo", "args": ["mine"]}
-        with open(self.settings, "w") as f:
+        old_agora = {"type": "command", "command": sys.executable,
+                     "args": [AGORA, "hook", "stop", "--as", "bob"]}
+        with open(self.path("claude"), "w") as f:
             json.dump({"permissions": {"allow": ["Bash(ls)"]}, "model": "x",
-                       "hooks": {"Stop": [{"hooks": [theirs]}],
+                       "hooks": {"Stop": [{"hooks": [theirs, old_agora]}],
                                  "PreToolUse": [{"matcher": "Bash", "hooks": [theirs]}]}}, f)
-        done = self.install("--as", "bob")
-        self.assertEqual(done.returncode, 0, done.stderr)
-        settings = json.loads(self.read())
+        self.assertEqual(self.install("claude", "--as", "bob").returncode, 0)
+        settings = json.loads(self.read("claude"))
         self.assertEqual((settings["permissions"], settings["model"]),
                          ({"allow": ["Bash(ls)"]}, "x"))
         self.assertEqual(settings["hooks"]["PreToolUse"], [{"matcher": "Bash", "hooks": [theirs]}])
-        self.assertEqual(settings["hooks"]["Stop"][0], {"hooks": [theirs]})
-        ours = {event: [hook for group in groups for hook in group["hooks"]
-                        if hook.get("args", [""])[0] == AGORA]
-                for event, groups in settings["hooks"].items()}
-        events = {event: [hook["args"][2] for hook in hooks] for event, hooks in ours.items()}
-        self.assertEqual(events, {"SessionStart": ["session-start", "wake"],
-                                  "UserPromptSubmit": ["prompt"], "Stop": ["stop", "wake"],
-                                  "PreToolUse": []})
-        for hooks in ours.values():
-            for hook in hooks:
-                self.assertEqual((hook["type"], hook["command"]), ("command", sys.executable))
-                self.assertTrue(os.path.isabs(hook["command"]) and os.path.isabs(hook["args"][0]))
-                self.assertEqual(hook["args"][3:5], ["--as", "bob"])
-                if hook["args"][2] == "wake":
-                    self.assertIs(hook["asyncRewake"], True)
-                    self.assertGreater(hook["timeout"], agora.WAKE_TIMEOUT)
+        self.assertEqual(settings["hooks"]["Stop"][0], {"hooks": [theirs]})   # the old one gone
+        self.assertEqual(len(self.handlers("claude", settings)["Stop"]), 2)
+        for client in self.FILES:
+            with self.subTest(client):
+                self.assertEqual(self.install(client, "--as", "bob").returncode, 0)
+                first = self.read(client)
+                self.assertEqual(self.install(client, "--as", "bob").returncode, 0)
+                self.assertEqual(self.read(client), first)
 
-    def test_idempotent(self):
-        self.assertEqual(self.install("--as", "bob").returncode, 0)
-        first = self.read()
-        self.assertEqual(self.install("--as", "bob").returncode, 0)
-        self.assertEqual(self.read(), first)
+    def test_user_level_files(self):
+        for client in self.FILES:
+            with self.subTest(client):
+                done = self.install(client, "--user", "--as", "bob")
+                self.assertEqual(done.returncode, 0, done.stderr)
+                self.assertTrue(self.handlers(client, json.loads(self.read(client, user=True))))
+                self.assertFalse(os.path.exists(self.path(client)))
+        codex_home = os.path.join(self.dir, "codex-home")
+        done = self.install("codex", "--user", "--as", "bob", env={"CODEX_HOME": codex_home})
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertTrue(os.path.exists(os.path.join(codex_home, "hooks.json")))
 
-    def test_an_invalid_file_is_refused_untouched(self):
-        os.makedirs(os.path.dirname(self.settings))
-        for text in ("{not json", "[1, 2]", '{"hooks": []}'):
-            with open(self.settings, "w") as f:
-                f.write(text)
-            done = self.install("--as", "bob")
-            self.assertEqual(done.returncode, 1, text)
-            self.assertIn("left untouched", done.stderr)
-            self.assertEqual(self.read(), text)
+    def test_a_file_agora_cannot_understand_is_left_untouched(self):
+        for client, text in (("claude", "{not json"), ("claude", "[1, 2]"),
+                             ("claude", '{"hooks": []}'), ("claude", '{"hooks": {"Stop": "oops"}}'),
+                             ("codex", '{"hooks": {"SessionStart": {}}}'),
+                             ("cursor", '{"version": 1, "hooks": {"stop": "x"}}')):
+            with self.subTest(client=client, text=text):
+                os.makedirs(os.path.dirname(self.path(client)), exist_ok=True)
+                with open(self.path(client), "w") as f:
+                    f.write(text)
+                done = self.install(client, "--as", "bob")
+                self.assertEqual(done.returncode, 1, text)
+                self.assertIn("left untouched", done.stderr)
+                self.assertEqual(self.read(client), text)
 
     def test_a_url_install_writes_no_token(self):
-        done = self.install("--url", "http://agora.example:8820",
-                            env={"AGORA_TOKEN": "agora_secret_token"})
-        self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertNotIn("agora_secret_token", self.read())
-        self.assertIn('"--url"', self.read())
-        self.assertEqual(self.install().returncode, 2)            # no identity at all
+        for client in self.FILES:
+            with self.subTest(client):
+                done = self.install(client, "--url", "http://agora.example:8820",
+                                    env={"AGORA_TOKEN": "agora_secret_token"})
+                self.assertEqual(done.returncode, 0, done.stderr)
+                self.assertNotIn("agora_secret_token", self.read(client))
+                self.assertIn("--url", self.read(client))
+        self.assertEqual(self.install("claude").returncode, 2)            # no identity at all
+        done = subprocess.run([sys.executable, AGORA, "hook", "install", "--as", "bob"],
+                              capture_output=True, text=True, timeout=30)
+        self.assertEqual(done.returncode, 2)                                # no client
 
 
 class ChannelTest(ServerCase):
@@ -3636,6 +3792,17 @@ class ChannelTest(ServerCase):
         for key, value in params["meta"].items():
             self.assertRegex(key, r"^[a-z_]+$")
             self.assertIsInstance(value, str)
+        # The channel only peeks: what it pushed stays news for the hooks, and it never
+        # pushes the same message twice.
+        carol = agora.Caller("carol", True)
+        self.assertEqual(outcome(self.store, "news", {"peek": True}, carol).body["count"], 1)
+        second = outcome(self.store, "post", {"body": "second"}, agora.Caller("alice", True))
+        event = next_line()
+        self.assertEqual(event["params"]["meta"], {"kind": "mail", "count": "1",
+                                                   "ids": str(second.body["id"])})
+        self.assertIn("second", event["params"]["content"])
+        self.assertNotIn("hi", event["params"]["content"])
+        self.assertEqual(outcome(self.store, "news", {"peek": True}, carol).body["count"], 2)
         outcome(self.store, "post_task", {"title": "ready <now>"}, agora.Caller("alice", True))
         event = next_line()
         self.assertEqual(event["params"]["meta"]["kind"], "task")
@@ -3667,42 +3834,6 @@ class DocsTest(unittest.TestCase):
         block = re.search(r"(?s)<!-- ops -->\n(.*?)<!-- /ops -->", readme)
         self.assertIsNotNone(block, "README.md lacks the <!-- ops --> block")
         self.assertEqual(block.group(1), agora.ops_markdown(), "run 'make docs'")
-
-    def test_the_hook_snippets_follow_each_clients_documented_schema(self):
-        """Codex and Gemini CLI: event -> groups of {hooks: [{type: command, command}]}
-        (Gemini's timeout in ms); Cursor: {version: 1, hooks: {stop: [{command}]}}."""
-        import shlex
-        with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
-            blocks = re.findall(r"(?s)```json\n(.*?)```", f.read())
-        documented = {
-            "codex": ({"SessionStart": "session-start", "UserPromptSubmit": "prompt",
-                       "Stop": "stop"}, {"type", "command", "timeout", "statusMessage"}),
-            "gemini": ({"SessionStart": "session-start", "BeforeAgent": "prompt",
-                        "AfterAgent": "stop"}, {"type", "command", "timeout", "name",
-                                                "description"}),
-            "cursor": ({"stop": "stop"}, {"command", "timeout", "loop_limit", "matcher"})}
-        seen = set()
-        for block in blocks:
-            if "agora.py hook" not in block:
-                continue
-            config = json.loads(block)
-            client = re.search(r"--client (\w+)", block).group(1)
-            seen.add(client)
-            events, fields = documented[client]
-            self.assertEqual(set(config["hooks"]), set(events), client)
-            if client == "cursor":
-                self.assertEqual(config["version"], 1)
-            for event, entries in config["hooks"].items():
-                handlers = entries if client == "cursor" else [
-                    handler for group in entries for handler in group["hooks"]]
-                for handler in handlers:
-                    self.assertLessEqual(set(handler), fields, client)
-                    self.assertEqual(handler.get("type", "command"), "command")
-                    if client == "gemini":
-                        self.assertGreaterEqual(handler["timeout"], 1000)   # milliseconds
-                    argv = shlex.split(handler["command"])
-                    self.assertEqual(argv[2:6], ["hook", events[event], "--client", client])
-        self.assertEqual(seen, {"codex", "gemini", "cursor"})
 
 
 def run():
