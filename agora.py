@@ -45,12 +45,16 @@ MAX_JSON_DEPTH = 32
 DEDUP_SECONDS = 10          # an identical post within this many seconds is a retry
 MAX_WAIT = 60               # seconds one long-poll (read wait=...) may block
 SEEN_THROTTLE = 10          # seconds between two writes of an agent's "seen"
-WAIT_POLL = 0.05            # how often a long-poll looks for another process's post
+WAIT_POLL = 0.05            # how often the watcher looks for another process's commit
+MAX_LONG_POLLS = 16         # long-polls (read/news wait) one agent may have at a time
 SYSTEM_SENDER = "agora"     # the board's own voice; nobody can join as it
 TOP_OPEN_TASKS = 3
+MAX_LIMIT = 200             # items one listing may answer
 COUNT_CAP = 200             # unread messages are counted exactly up to this, per channel
 MAX_AFTER = 50              # tasks one task may wait for
 MAX_PATTERNS = 50           # paths one reserve call may claim
+MAX_WILDCARDS = 10          # wildcards one reservation pattern may hold
+MAX_RESERVATIONS = 200      # live reservations one agent may hold in one project
 BUSY_TIMEOUT = 30
 GROUP_COMMIT_MAX = 64       # write blocks that may share one commit (and one fsync)
 
@@ -404,6 +408,24 @@ def sql_statements(script):
             statement = ""
 
 
+def _flock(fd, exclusive):
+    """Lock the open file FD (shared, or EXCLUSIVE), waiting for it; no-op without flock."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+
+
+def private_file(path):
+    """Create PATH empty and owner-only (0600) unless it exists; an existing file keeps its
+    mode. SQLite gives a database's -wal and -shm files the database file's mode."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:         # it exists, or SQLite will say in its own words why it cannot
+        pass
+
+
 def hash_token(token):
     """Answer the stored form of a bearer token (only its sha256 is kept)."""
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
@@ -532,6 +554,9 @@ class Store:
         self._pool_lock = threading.Lock()
         self._changed = threading.Condition()
         self._generation = 0
+        self._marks = (None, None)      # (generation, marks()) as last read
+        self._waiting, self._watching = 0, False
+        self._long_polls, self._long_polls_lock = {}, threading.Lock()
         # Writers of this process queue here: SQLite's busy handler would make
         # them sleep for milliseconds whenever another thread holds the lock.
         self.writes = GroupCommit(self._acquire, self._release, self._signal,
@@ -541,6 +566,7 @@ class Store:
         self._tokens, self._tokens_mark = {}, None
         self.token_marker = os.path.realpath(path) + "-tokens"
         self._closed = False
+        private_file(path)
         con = self._connect()
         try:
             self._migrate(con, fts)
@@ -672,36 +698,97 @@ class Store:
         with self.autocommit() as con:
             return con.execute(sql, params).fetchone()
 
-    def last_message_id(self):
-        """Answer the newest message id in the file (0 when there is none)."""
-        return self.query_one(NEWEST_MESSAGE)[0]
+    def marks(self):
+        """Answer (the newest message id, the newest ready sequence) of the file: what a
+        waiter watches. Read once per change, however many wait."""
+        with self._changed:
+            generation = self._generation
+        seen, marks = self._marks
+        if seen != generation:
+            marks = tuple(self.query_one(f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})"))
+            self._marks = (generation, marks)
+        return marks
 
     def wait(self, ready, timeout):
         """Block until READY() is true or TIMEOUT seconds pass; answer whether it was.
 
-        A write from this process wakes the waiter at once; one from another
-        process on the same file is seen within WAIT_POLL seconds.
+        READY is asked again only when the file changed: a write from this process
+        says so at once, and one watcher thread (while anyone waits) notices
+        another process's commit within WAIT_POLL seconds, so an idle waiter costs
+        nothing.
         """
         deadline = time.monotonic() + timeout
-        while True:
+        with self._changed:
+            self._waiting += 1
+            if not self._watching:
+                self._watching = True
+                threading.Thread(target=self._watch, name="agora-watcher", daemon=True).start()
+        try:
+            while True:
+                with self._changed:
+                    generation = self._generation
+                if ready():
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                with self._changed:
+                    if generation == self._generation:
+                        self._changed.wait(left)
+        finally:
             with self._changed:
-                generation = self._generation
-            if ready():
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
+                self._waiting -= 1
+
+    def _watch(self):
+        """Signal the waiters when another connection commits to the file; stop when
+        nobody waits. SQLite's data_version changes with each such commit."""
+        con = None
+        try:
+            con = self._connect()
+            version = con.execute("PRAGMA data_version").fetchone()[0]
+            while True:
+                time.sleep(WAIT_POLL)
+                with self._changed:
+                    if not self._waiting or self._closed:
+                        self._watching = False
+                        return
+                now = con.execute("PRAGMA data_version").fetchone()[0]
+                if now != version:
+                    version = now
+                    self._signal()
+        except (AgoraError, sqlite3.Error):
             with self._changed:
-                if generation == self._generation:
-                    self._changed.wait(min(left, WAIT_POLL))
+                self._watching = False      # the next waiter starts another
+            self._signal()
+        finally:
+            if con is not None:
+                con.close()
+
+    @contextlib.contextmanager
+    def long_poll(self, name):
+        """Yield whether agent NAME may long-poll now: at most MAX_LONG_POLLS of its own at a
+        time in this process, so no agent ties up threads without bound."""
+        with self._long_polls_lock:
+            allowed = self._long_polls.get(name, 0) < MAX_LONG_POLLS
+            if allowed:
+                self._long_polls[name] = self._long_polls.get(name, 0) + 1
+        try:
+            yield allowed
+        finally:
+            if allowed:
+                with self._long_polls_lock:
+                    self._long_polls[name] -= 1
+                    if not self._long_polls[name]:
+                        del self._long_polls[name]
 
     def agent_for_token(self, token):
         """Answer the agent name that holds TOKEN, or None.
 
-        Names are cached by token hash. Every join, in any process on the file,
-        then grows the file's token marker by a byte (tokens_changed), and a
-        marker that is not as it was empties the cache: a rotated token stops
-        working at the very next request, and a lookup costs a stat().
+        Names are cached by token hash. Every rotation, in any process on the
+        file, grows the file's token marker by a byte (token_rotation), and a
+        marker that is not as it was empties the cache once that rotation is
+        committed: a rotated token stops working at the very next request, and
+        a lookup costs a stat().
         """
         try:
             stat = os.stat(self.token_marker)
@@ -709,6 +796,7 @@ class Store:
         except OSError:
             mark = None
         if mark != self._tokens_mark:
+            self._rotations_done()
             self._tokens, self._tokens_mark = {}, mark
         cache = self._tokens    # a lookup that raced a join lands in a cache dropped since
         key = hash_token(token)
@@ -720,11 +808,44 @@ class Store:
                 cache[key] = name
         return name
 
-    def tokens_changed(self):
-        """Tell every process on the file that a token was minted or rotated."""
-        self._tokens = {}
-        with open(self.token_marker, "ab") as marker:
-            marker.write(b".")
+    @contextlib.contextmanager
+    def token_rotation(self):
+        """Hold the file's token marker while a token is rotated, having grown it first.
+
+        Servers trust their cached token lookups while the marker stays as it was
+        (agent_for_token). It grows before the rotation commits, so a join that
+        cannot write it fails with nothing changed; and it stays locked until the
+        commit is done, so a server that saw it grow looks tokens up again only
+        once the rotation is on disk. (Where there is no flock, only the first holds.)
+        """
+        try:
+            marker = os.open(self.token_marker, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                             | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except OSError as error:
+            raise StoreError(f"cannot write {self.token_marker}: {error.strerror}; the "
+                             "token was not rotated", hint="check its permissions") from None
+        try:
+            _flock(marker, exclusive=True)
+            try:
+                os.write(marker, b".")
+            except OSError as error:
+                raise StoreError(f"cannot write {self.token_marker}: {error.strerror}; the "
+                                 "token was not rotated", hint="free some space") from None
+            self._tokens = {}
+            yield
+        finally:
+            os.close(marker)
+
+    def _rotations_done(self):
+        """Wait until no rotation holds the token marker (see token_rotation)."""
+        try:
+            marker = os.open(self.token_marker, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return
+        try:
+            _flock(marker, exclusive=False)
+        finally:
+            os.close(marker)
 
     def touch(self, name, now):
         """Record that NAME was active at NOW (at most every SEEN_THROTTLE s).
@@ -768,6 +889,10 @@ ASSERTED: the name was asserted by whoever started this process (the CLI's
 --as, stdio, the A2A guest): the file is the trust boundary. Otherwise the
 caller is whoever holds TOKEN (None: no token was sent).
 """
+
+# Whoever runs agora on its file without naming an agent: it may only join (and rotate
+# any agent's token).
+OPERATOR = Caller(None, True)
 
 Result = namedtuple("Result", "status body text")
 Result.__doc__ = """An operation's answer: an HTTP-ish status, a JSON body, a compact text."""
@@ -835,7 +960,7 @@ def _integer(low, high, description=None, default=None):
 
 ID = {"type": "integer", "minimum": 1}
 NAME = _string(pattern=SLUG)
-LIMIT = _integer(1, 200, default=20)
+LIMIT = _integer(1, MAX_LIMIT, default=20)
 LEASE = _integer(1, 86400, "seconds", default=600)
 MESSAGE_BODY = _string(1, 16384)
 LONG_TEXT = _string(0, 16384)
@@ -930,6 +1055,12 @@ def _task_line(task, now):
     if task["result"] and task["status"] in ("done", "failed"):
         line += f": {clip(task['result'])}"
     return line
+
+
+def more_text(limit):
+    """Answer the line that ends a listing cut at LIMIT items."""
+    return f"(more than {limit}" + (f"; limit={MAX_LIMIT} shows up to {MAX_LIMIT})"
+                                    if limit < MAX_LIMIT else ")")
 
 
 def _note(row, with_body=True):
@@ -1048,7 +1179,14 @@ def _mark_told(db, me, message_id=None, ready=False):
 # whole folder. Two patterns overlap when some path matches both.
 
 PATTERN_RULE = ("a relative path of '/'-separated parts with * ? and ** as a whole part "
-                "(1-300 characters; no leading '/', no empty, '.' or '..' parts)")
+                f"(1-300 characters, at most {MAX_WILDCARDS} wildcards; no leading '/', no "
+                "empty, '.' or '..' parts)")
+
+
+def wildcards(pattern):
+    """Answer how many wildcards PATTERN holds: each '**' part, '*' and '?'."""
+    return sum(1 if part == "**" else part.count("*") + part.count("?")
+               for part in pattern.split("/"))
 
 
 def reservation_pattern(text):
@@ -1057,47 +1195,84 @@ def reservation_pattern(text):
     parts = pattern.split("/")
     if (text.startswith("/") or any(part in ("", ".", "..") for part in parts)
             or any("**" in part and part != "**" for part in parts)
-            or re.search(r"[\x00-\x1f\x7f\\]", text)):
+            or re.search(r"[\x00-\x1f\x7f\\]", text) or wildcards(pattern) > MAX_WILDCARDS):
         raise BadRequest(f"paths must each be {PATTERN_RULE} (got {text!r:.60})")
     return pattern
 
 
-def _meet(p, q, pair_meets, span):
-    """Answer whether sequences P and Q can be matched by one string; SPAN is the item
-    that matches any run of items (none included), PAIR_MEETS whether two others can."""
-    seen = {}
-
-    def meet(i, j):
-        if (i, j) not in seen:
-            seen[i, j] = (
-                (i == len(p) and j == len(q))
-                or (i < len(p) and p[i] == span and (meet(i + 1, j) or j < len(q)
-                                                     and meet(i, j + 1)))
-                or (j < len(q) and q[j] == span and (meet(i, j + 1) or i < len(p)
-                                                     and meet(i + 1, j)))
-                or (i < len(p) and j < len(q) and span not in (p[i], q[j])
-                    and pair_meets(p[i], q[j]) and meet(i + 1, j + 1)))
-        return seen[i, j]
-    return meet(0, 0)
+def _fit(p, q, fits):
+    return all(map(fits, p, q))
 
 
-def _characters_meet(a, b):
+def _gapped(p, q, gap, fits, q_literal=False):
+    """Answer whether item sequences P and Q can stand for one sequence: GAP stands for any
+    run of items (none included), in Q too unless Q_LITERAL; FITS(x, y) says whether two
+    other items can stand for one.
+
+    No backtracking: with a gap in each, some sequence fits both exactly when their heads
+    (the items before the first gap) fit on their common length and so do their tails;
+    with none, when they fit item by item. With a gap in one only, its first and last runs
+    go at the ends of the other and each run between is placed as early as it fits (a
+    later place only leaves less room), so the work is at most the product of the lengths.
+    """
+    p_gaps = [at for at, item in enumerate(p) if item == gap]
+    q_gaps = [] if q_literal else [at for at, item in enumerate(q) if item == gap]
+    if p_gaps and q_gaps:
+        head = min(p_gaps[0], q_gaps[0])
+        tail = min(len(p) - 1 - p_gaps[-1], len(q) - 1 - q_gaps[-1])
+        return (_fit(p[:head], q[:head], fits)
+                and _fit(p[len(p) - tail:], q[len(q) - tail:], fits))
+    if not p_gaps and not q_gaps:
+        return len(p) == len(q) and _fit(p, q, fits)
+    if q_gaps:
+        p, q, p_gaps = q, p, q_gaps
+        fits = (lambda either: lambda x, y: either(y, x))(fits)
+    runs = [p[start + 1:stop] for start, stop in zip([-1] + p_gaps, p_gaps + [len(p)])]
+    first, last = runs[0], runs[-1]
+    at, end = len(first), len(q) - len(last)
+    if at > end or not _fit(first, q, fits) or not _fit(last, q[end:], fits):
+        return False
+    for run in runs[1:-1]:
+        while at + len(run) <= end and not _fit(run, q[at:at + len(run)], fits):
+            at += 1
+        if at + len(run) > end:
+            return False
+        at += len(run)
+    return True
+
+
+def _characters_fit(a, b):
     return a == b or "?" in (a, b)
 
 
-def patterns_overlap(first, second):
-    """Answer whether some path matches both patterns (decided exactly, not by example)."""
-    return _meet(first.split("/"), second.split("/"),
-                 lambda x, y: _meet(x, y, _characters_meet, "*"), "**")
+def patterns_overlap(first, second, segments=None):
+    """Answer whether some path matches both patterns (decided exactly, not by example).
+    SEGMENTS, a dict, remembers pairs of segments across calls."""
+    segments = {} if segments is None else segments
+
+    def segments_fit(x, y):
+        if (x, y) not in segments:
+            segments[x, y] = _gapped(x, y, "*", _characters_fit)
+        return segments[x, y]
+    return _gapped(first.split("/"), second.split("/"), "**", segments_fit)
 
 
 def path_matches(pattern, path):
-    """Answer whether PATH (a plain relative path) matches PATTERN."""
-    def segment_matches(glob, name):
-        return re.fullmatch("".join("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c)
-                                    for c in glob), name) is not None
+    """Answer whether PATH (a plain relative path: its '*' and '?' are characters) matches
+    PATTERN."""
     parts = [part for part in path.split("/") if part not in ("", ".")]
-    return _meet(pattern.split("/"), parts, segment_matches, "**")
+    return _gapped(pattern.split("/"), parts, "**", lambda glob, name: _gapped(
+        glob, name, "*", lambda a, b: a == b or a == "?", q_literal=True), q_literal=True)
+
+
+def reservation_conflicts(patterns, exclusive, held):
+    """Answer [(pattern, reservation)]: the one rule of who keeps off whose paths. A
+    reservation of PATTERNS (EXCLUSIVE or shared) conflicts with a HELD reservation of
+    another agent when their patterns overlap and at least one side is exclusive."""
+    segments = {}
+    return [(pattern, other) for pattern in patterns for other in held
+            if (exclusive or other["exclusive"])
+            and patterns_overlap(pattern, other["path"], segments)]
 
 
 def _reservation(row):
@@ -1123,13 +1298,20 @@ LIVE_RESERVATION = "expires > :now"
 
 # Agents -----------------------------------------------------------------------
 
+def may_rotate(caller, name):
+    """Answer whether CALLER may rotate NAME's token: its own, or anyone's for the operator
+    (the command line on the file, with no --as). Identity never moves through a tool call:
+    an agent on stdio --as carol asking for dave's token is refused like a stranger."""
+    return caller.name == name or caller == OPERATOR
+
+
 @operation("join", "Register an agent; answers its bearer token, shown once. Joining as "
            "yourself rotates it.",
            {"name": NAME, "about": _string(0, 500, "what you do"),
             "key": _string(0, 200, "the server's join key")},
            required=["name"], open=True)
 def op_join(store, caller, args, now):
-    """Register NAME, or rotate its token when the caller already is NAME."""
+    """Register NAME, or rotate its token when the caller may (may_rotate)."""
     import hmac
     import secrets
     name = args["name"]
@@ -1142,18 +1324,23 @@ def op_join(store, caller, args, now):
         raise Forbidden("this agora needs its join key, and key is missing or wrong",
                         hint="ask the operator for the key and pass key=...")
     token = "agora_" + secrets.token_urlsafe(32)
-    with store.transaction(write=True) as db:
-        if db.execute("SELECT 1 FROM agents WHERE name = ?", (name,)).fetchone():
-            if remote_newcomer:
-                raise Conflict(f"the name {name} is taken",
-                               hint="pick another name, or send its token to rotate it")
-            db.execute("UPDATE agents SET token_hash = ?, about = coalesce(?, about), "
-                       "seen = ? WHERE name = ?", (hash_token(token), args["about"], now, name))
-            done = f"rotated {name}'s token; the old one no longer works"
-        else:
-            _create_agent(db, name, now, args["about"] or "", hash_token(token))
-            done = f"joined as {name}"
-    store.tokens_changed()          # after the commit: no process trusts the old token now
+    with store.transaction() as db:
+        taken = _agent_exists(db, name)
+    if taken and not may_rotate(caller, name):
+        raise Conflict(f"the name {name} is taken",
+                       hint="pick another name, or send its token to rotate it")
+    with store.token_rotation() if taken else contextlib.nullcontext():
+        with store.transaction(write=True) as db:
+            if _agent_exists(db, name) != taken:
+                raise Conflict(f"the name {name} was taken just now", hint="pick another name")
+            if taken:
+                db.execute("UPDATE agents SET token_hash = ?, about = coalesce(?, about), "
+                           "seen = ? WHERE name = ?", (hash_token(token), args["about"], now,
+                                                       name))
+                done = f"rotated {name}'s token; the old one no longer works"
+            else:
+                _create_agent(db, name, now, args["about"] or "", hash_token(token))
+                done = f"joined as {name}"
     return Result(200, {"agent": name, "token": token},
                   f"{done}. token (shown once): {token}\n"
                   f"send it as 'Authorization: Bearer <token>'; call brief first")
@@ -1388,6 +1575,29 @@ def op_post(store, caller, args, now):
                   f"posted #{message_id} to {channel}")
 
 
+LongPoll = namedtuple("LongPoll", "deadline capped")
+LongPoll.__doc__ = """When a long-poll ends (a monotonic time), and whether it was capped."""
+
+
+@contextlib.contextmanager
+def long_poll(store, name, wait):
+    """Yield the LongPoll of agent NAME waiting WAIT seconds: capped, ending now, when NAME
+    has MAX_LONG_POLLS under way already (it answers at once, as if the wait ran out)."""
+    if not wait:
+        yield LongPoll(time.monotonic(), False)
+        return
+    with store.long_poll(name) as allowed:
+        yield LongPoll(time.monotonic() + (wait if allowed else 0), not allowed)
+
+
+def waited_text(wait, poll):
+    """Answer what a long-poll that found nothing says."""
+    if poll.capped:
+        return (f"nothing new (not waited: you have {MAX_LONG_POLLS} long-polls under way "
+                "already)")
+    return f"nothing new after waiting {wait}s"
+
+
 def _deliver(db, me, limit):
     """Take up to LIMIT unread messages for ME, oldest first, and move the cursors."""
     cursors = db.execute("SELECT channel, last_id FROM cursors "
@@ -1414,20 +1624,20 @@ def _deliver(db, me, limit):
             "wait": _integer(0, MAX_WAIT, "seconds", default=0)})
 def op_read(store, caller, args, now):
     """Deliver unread messages, waiting up to WAIT seconds for the first one."""
-    deadline = time.monotonic() + args["wait"]
-    while True:
-        with store.transaction(write=True) as db:
-            messages, remaining = _deliver(db, caller.name, args["limit"])
-            newest = _newest_id(db)
-        left = deadline - time.monotonic()
-        if messages or left <= 0:
-            break
-        store.wait(lambda: store.last_message_id() > newest, left)
+    with long_poll(store, caller.name, args["wait"]) as poll:
+        while True:
+            with store.transaction(write=True) as db:
+                messages, remaining = _deliver(db, caller.name, args["limit"])
+                newest = _newest_id(db)
+            left = poll.deadline - time.monotonic()
+            if messages or left <= 0:
+                break
+            store.wait(lambda: store.marks()[0] > newest, left)
     lines = [_message_line(message, now) for message in messages]
     if remaining:
         lines.append(f"({count_text(remaining)} more waiting: read again)")
     if not messages:
-        lines.append(f"nothing new after waiting {args['wait']}s" if args["wait"]
+        lines.append(waited_text(args["wait"], poll) if args["wait"]
                      else f"nothing new (read wait={MAX_WAIT} waits for mail)")
     return Result(200, {"messages": messages, "remaining": remaining}, "\n".join(lines))
 
@@ -1476,18 +1686,19 @@ def news_summary(previews, count, tasks, now):
             "tasks": FLAG, "peek": FLAG})
 def op_news(store, caller, args, now):
     """Report untold unread messages (and ready tasks), waiting up to WAIT seconds."""
-    me, deadline = caller.name, time.monotonic() + args["wait"]
-    while True:
-        with store.transaction(write=not args["peek"]) as db:
-            previews, count, newest, tasks = _untold(db, me, args["tasks"], now)
-            if not args["peek"]:
-                _mark_told(db, me, newest, ready=args["tasks"])
-            marks = db.execute(f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})").fetchone()
-        left = deadline - time.monotonic()
-        if count or tasks or left <= 0:
-            break
-        store.wait(lambda: tuple(store.query_one(
-            f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})")) != tuple(marks), left)
+    me = caller.name
+    with long_poll(store, me, args["wait"]) as poll:
+        while True:
+            with store.transaction(write=not args["peek"]) as db:
+                previews, count, newest, tasks = _untold(db, me, args["tasks"], now)
+                if not args["peek"]:
+                    _mark_told(db, me, newest, ready=args["tasks"])
+                marks = tuple(db.execute(
+                    f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})").fetchone())
+            left = poll.deadline - time.monotonic()
+            if count or tasks or left <= 0:
+                break
+            store.wait(lambda: store.marks() != marks, left)
     summary = news_summary(previews, count, tasks, now)
     return Result(200, {"count": count, "messages": previews, "tasks": tasks,
                         "summary": summary}, summary)
@@ -2071,18 +2282,20 @@ def op_read_note(store, caller, args, now):
 
 
 @operation("notes", "Note keys of a project (or of all), without bodies.",
-           {"project": PROJECT_NAME,
-            "all": FLAG},
-           readonly=True)
+           {"project": PROJECT_NAME, "all": FLAG, "limit": LIMIT}, readonly=True)
 def op_notes(store, caller, args, now):
-    """List the live notes of one project or of all."""
+    """List the live notes of one project or of all, up to LIMIT."""
     where = "deleted = 0" + ("" if args["all"] else " AND project = :project")
     with store.transaction() as db:
         rows = db.execute(f"SELECT *, length(body) AS size FROM notes WHERE {where} "
-                          "ORDER BY project, key", {"project": args["project"]}).fetchall()
-    notes = [dict(_note(row, with_body=False), size=row["size"]) for row in rows]
-    text = "\n".join(_note_line(note, now, note["size"]) for note in notes)
-    return Result(200, {"notes": notes}, text or "no notes")
+                          "ORDER BY project, key LIMIT :limit",
+                          {"project": args["project"], "limit": args["limit"] + 1}).fetchall()
+    notes = [dict(_note(row, with_body=False), size=row["size"])
+             for row in rows[:args["limit"]]]
+    lines = [_note_line(note, now, note["size"]) for note in notes]
+    if len(rows) > args["limit"]:
+        lines.append(more_text(args["limit"]))
+    return Result(200, {"notes": notes}, "\n".join(lines) or "no notes")
 
 
 @operation("delete_note", "Remove a note from the listing; its old revisions stay readable.",
@@ -2115,25 +2328,47 @@ PATTERNS = {"type": "array", "items": _string(1, 300), "maxItems": MAX_PATTERNS,
             "reason": _string(0, 200, "why, for the others")},
            required=["paths"])
 def op_reserve(store, caller, args, now):
-    """Grant every pattern, or none when another agent's live reservation overlaps one."""
+    """Grant every pattern, or none when another agent's live reservation overlaps one.
+
+    The overlaps are worked out on a snapshot, outside the write lock, so however many
+    patterns others hold no post waits for them; inside it, only what changed since the
+    snapshot is checked again.
+    """
     me, project = caller.name, args["project"]
     patterns = sorted({reservation_pattern(path) for path in args["paths"]})
     if not patterns:
         raise BadRequest("paths must name at least one pattern")
-    with store.transaction(write=True) as db:
-        theirs = [_reservation(row) for row in db.execute(
-            f"SELECT * FROM reservations WHERE project = :project AND agent != :me AND "
-            f"{LIVE_RESERVATION}", {"project": project, "me": me, "now": now})]
-        conflicts = [(pattern, held) for pattern in patterns for held in theirs
-                     if (args["exclusive"] or held["exclusive"])
-                     and patterns_overlap(pattern, held["path"])]
+    theirs = f"SELECT * FROM reservations WHERE project = :project AND agent != :me AND " \
+             f"{LIVE_RESERVATION}"
+    where = {"project": project, "me": me, "now": now}
+
+    def refuse_conflicts(held):
+        conflicts = reservation_conflicts(patterns, args["exclusive"], held)
         if conflicts:
             raise Conflict(
-                "; ".join(f"{pattern} overlaps {held['agent']}'s {held['path']} "
-                          f"({_reservation_terms(held, now)})" for pattern, held in conflicts),
+                "; ".join(f"{pattern} overlaps {other['agent']}'s {other['path']} "
+                          f"({_reservation_terms(other, now)})" for pattern, other in conflicts),
                 hint="reserve other paths, wait for the lease to end, or ask the holder",
-                conflicts=[{key: held[key] for key in ("agent", "path", "exclusive", "reason",
-                                                       "expires")} for _, held in conflicts])
+                conflicts=[{key: other[key] for key in ("agent", "path", "exclusive", "reason",
+                                                        "expires")} for _, other in conflicts])
+
+    with store.transaction() as db:
+        snapshot = [_reservation(row) for row in db.execute(theirs, where)]
+    refuse_conflicts(snapshot)
+    seen = {(other["agent"], other["path"], other["exclusive"]) for other in snapshot}
+    where.update({f"p{n}": pattern for n, pattern in enumerate(patterns)})
+    listed = ",".join(f":p{n}" for n in range(len(patterns)))
+    with store.transaction(write=True) as db:
+        refuse_conflicts([other for other in map(_reservation, db.execute(theirs, where))
+                          if (other["agent"], other["path"], other["exclusive"]) not in seen])
+        others_held = db.execute(
+            "SELECT count(*) FROM reservations WHERE project = :project AND agent = :me AND "
+            f"{LIVE_RESERVATION} AND path NOT IN ({listed})", where).fetchone()[0]
+        if others_held + len(patterns) > MAX_RESERVATIONS:
+            raise BadRequest(f"an agent may hold at most {MAX_RESERVATIONS} live reservations "
+                             f"in a project; you hold {others_held} in "
+                             f"{project or 'the default project'}",
+                             hint="unreserve what you are done with")
         db.executemany(
             "INSERT INTO reservations (project, agent, path, exclusive, reason, created, "
             "expires) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (project, agent, path) DO "
@@ -2141,28 +2376,29 @@ def op_reserve(store, caller, args, now):
             "expires = excluded.expires",
             [(project, me, pattern, int(args["exclusive"]), args["reason"] or "", now,
               now + args["lease"]) for pattern in patterns])
-        marks = ",".join("?" * len(patterns))
         granted = [_reservation(row) for row in db.execute(
-            f"SELECT * FROM reservations WHERE project = ? AND agent = ? AND path IN ({marks}) "
-            "ORDER BY path", [project, me] + patterns)]
+            "SELECT * FROM reservations WHERE project = :project AND agent = :me AND path IN "
+            f"({listed}) ORDER BY path", where)]
     return Result(200, {"reservations": granted}, "reserved " + "; ".join(
         _reservation_line(reservation, now) for reservation in granted))
 
 
 @operation("reservations", "Who holds which paths of a project: how, why and for how long.",
-           {"project": PROJECT_NAME,
-            "mine": FLAG},
-           readonly=True)
+           {"project": PROJECT_NAME, "mine": FLAG, "limit": LIMIT}, readonly=True)
 def op_reservations(store, caller, args, now):
-    """List the live reservations of one project."""
+    """List the live reservations of one project, up to LIMIT."""
     mine = " AND agent = :me" if args["mine"] else ""
     with store.transaction() as db:
         held = [_reservation(row) for row in db.execute(
             f"SELECT * FROM reservations WHERE project = :project AND {LIVE_RESERVATION}"
-            f"{mine} ORDER BY path, agent",
-            {"project": args["project"], "me": caller.name, "now": now})]
-    text = "\n".join(_reservation_line(reservation, now) for reservation in held)
-    return Result(200, {"reservations": held}, text or "no reservations")
+            f"{mine} ORDER BY path, agent LIMIT :limit",
+            {"project": args["project"], "me": caller.name, "now": now,
+             "limit": args["limit"] + 1})]
+    lines = [_reservation_line(reservation, now) for reservation in held[:args["limit"]]]
+    if len(held) > args["limit"]:
+        lines.append(more_text(args["limit"]))
+    return Result(200, {"reservations": held[:args["limit"]]},
+                  "\n".join(lines) or "no reservations")
 
 
 @operation("unreserve", "Give back your reservations of those paths, or all of yours in "
@@ -2192,6 +2428,11 @@ def _is_unicode(text):
         return False
     return True
 
+
+# Arguments that are one line wherever they are shown, so that no peer can print a line
+# that looks like agora's own (or the guard's) under someone else's eyes.
+ONE_LINE_FIELDS = ("title", "status", "about", "reason", "note")
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 TRUE_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -2268,6 +2509,9 @@ def validate(op, args):
             checked[name] = rule.get("default")
         else:
             checked[name] = _check_value(name, rule, value)
+            if name in ONE_LINE_FIELDS and CONTROL_CHARACTERS.search(checked[name]):
+                raise BadRequest(f"{name} must be one line: no newline or other control "
+                                 "character")
     return checked
 
 
@@ -2333,10 +2577,6 @@ def file_problem(store, error):
         if needle in text:
             return StoreError(f"the database file {store.path} {what} ({error})", hint=hint)
     return None
-
-
-# Whoever runs agora on its file without naming an agent: it may only join.
-OPERATOR = Caller(None, True)
 
 
 def call(store, name, args=None, caller=OPERATOR, now=None):
@@ -3014,7 +3254,8 @@ class A2AEndpoint(RpcEndpoint):
                            "VALUES (?, ?, 'user', ?, ?)", (task_id, message_id, text, now))
             else:
                 metadata = params.get("metadata") or message.get("metadata") or {}
-                args = {"title": text.splitlines()[0][:200], "body": text}
+                args = {"title": CONTROL_CHARACTERS.sub(" ", text.splitlines()[0])[:200],
+                        "body": text}
                 for key in ("tags", "priority"):
                     if isinstance(metadata, dict) and metadata.get(key) is not None:
                         args[key] = metadata[key]
@@ -3385,6 +3626,7 @@ class Server:
     send_timeout = 30           # seconds an answer may take to be taken by a slow reader
     reap_interval = 0.5         # how often the watchdog looks for connections past their time
     max_connections = 512       # open connections; more get 503 at once
+    max_per_address = 64        # open connections from one client address, loopback aside
     quiet = False               # log no requests
     public_url = None           # the base URL clients reach, for the agent card
     a2a_guest = None            # the agent A2A requests without a token act as
@@ -3398,6 +3640,7 @@ class Server:
             setattr(self, name, value)
         self.store = store
         self.deadlines, self.open_connections = {}, set()
+        self.addresses, self.per_address = {}, {}   # socket -> client address; counts
         self.watch_lock = threading.Lock()
         self.watchdog_stop = threading.Event()
         super().__init__(address, handler)
@@ -3433,9 +3676,16 @@ class Server:
                     pass
 
     def process_request(self, request, client_address):
-        """Serve a connection in a thread, or refuse it at once past the cap."""
+        """Serve a connection in a thread, or refuse it at once past a cap: of connections
+        in all, or from one client address (loopback aside)."""
+        address = client_address[0]
         with self.watch_lock:
-            full = len(self.open_connections) >= self.max_connections
+            full = (len(self.open_connections) >= self.max_connections
+                    or self.per_address.get(address, 0) >= self.max_per_address
+                    and not is_loopback(address))
+            if not full:
+                self.addresses[request] = address
+                self.per_address[address] = self.per_address.get(address, 0) + 1
         if full:
             try:
                 request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
@@ -3445,6 +3695,16 @@ class Server:
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
+
+    def shutdown_request(self, request):
+        """Close a connection, and count it out of its address's."""
+        with self.watch_lock:
+            address = self.addresses.pop(request, None)
+            if address is not None:
+                self.per_address[address] -= 1
+                if not self.per_address[address]:
+                    del self.per_address[address]
+        super().shutdown_request(request)
 
     def server_close(self):
         """Stop the watchdog and close the listening socket."""
@@ -3464,25 +3724,34 @@ def is_loopback(host):
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return False
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
 
 
-def allowed_hosts(host, port, extra=()):
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+
+def allowed_hosts(host, port, extra=(), public_url=None):
     """Answer the Host values a server on HOST:PORT answers to (None: any).
 
-    On loopback: localhost, 127.0.0.1 and [::1] with the port, and the EXTRA
-    names; elsewhere only the EXTRA names, or any Host when there are none.
+    The EXTRA names, with the port, and: on loopback localhost, 127.0.0.1 and
+    [::1]; elsewhere the bind address unless it is a wildcard; and the host of
+    PUBLIC_URL as clients send it. None only for a wildcard bind with neither,
+    which serve refuses (a rebound DNS name would reach it).
     """
     names = {name.lower() for name in extra}
     if is_loopback(host):
         names |= {"localhost", "127.0.0.1", "[::1]"}
-    if not names:
-        return None
-    with_port = {name if ":" in name and not name.endswith("]") else f"{name}:{port}"
-                 for name in names}
-    return with_port | names if port == 80 else with_port
+    elif host not in WILDCARD_HOSTS:
+        names.add(f"[{host.strip('[]')}]" if ":" in host else host.lower())
+    answered = {name if ":" in name and not name.endswith("]") else f"{name}:{port}"
+                for name in names} | (names if port == 80 else set())
+    if public_url:
+        from urllib.parse import urlsplit
+        answered.add(urlsplit(public_url).netloc.rpartition("@")[2].lower())
+    return answered - {""} or None
 
 
 def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **settings):
@@ -3497,7 +3766,8 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
     server_class = type("AgoraServer", (Server, ThreadingHTTPServer), {
         "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
     server = server_class((host.strip("[]"), port), handler, store, **settings)
-    server.allowed_hosts = allowed_hosts(host, server.server_address[1], allow_hosts)
+    server.allowed_hosts = allowed_hosts(host, server.server_address[1], allow_hosts,
+                                         server.public_url)
     server.start_watchdog()
     return server
 
@@ -3702,9 +3972,7 @@ class AgentLink:
     def mark(self):
         """Answer where the file is, as news sees it: a later mark says it changed (over
         --url, None: only the server sees its file)."""
-        if self.store is None:
-            return None
-        return tuple(self.store.query_one(f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})"))
+        return None if self.store is None else self.store.marks()
 
     def close(self):
         """Let go of the local file, if any."""
@@ -3733,7 +4001,7 @@ def default_db_path():
     if path:
         return path
     folder = os.path.join(os.path.expanduser("~"), ".agora")
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)      # private: it holds everyone's mail
     return os.path.join(folder, "agora.db")
 
 
@@ -3814,8 +4082,11 @@ def _build_parser(command=None, argv=()):
     remote = argparse.ArgumentParser(add_help=False)
     remote.add_argument("--url", default=os.environ.get("AGORA_URL"),
                         help="a remote agora to use instead of the file (default $AGORA_URL)")
-    remote.add_argument("--token", default=os.environ.get("AGORA_TOKEN"),
-                        help="the bearer token for --url (default $AGORA_TOKEN)")
+    remote.add_argument("--token", help="the bearer token for --url (default: --token-file's, "
+                                         "else $AGORA_TOKEN; other local users can read a "
+                                         "command line, so prefer those)")
+    remote.add_argument("--token-file", metavar="PATH",
+                        help="read the bearer token for --url from this file")
     if wanted("stdio"):
         stdio_parser = commands.add_parser("stdio", parents=[common, remote],
                                            help="speak MCP on stdin/stdout as one agent "
@@ -3859,6 +4130,9 @@ def _build_parser(command=None, argv=()):
         guard_parser.add_argument("--project", default="", help="the project of the reservations")
         guard_parser.add_argument("--strict", action="store_true",
                                   help="refuse (exit 1) when agora cannot be reached")
+        guard_parser.add_argument("--force", action="store_true",
+                                  help="with install: write into a hooks folder outside the "
+                                       "repository, or one git tracks")
     if wanted("ops"):
         ops_parser = commands.add_parser("ops", parents=[common], help="list the operations")
         ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
@@ -3876,6 +4150,19 @@ def _build_parser(command=None, argv=()):
 
 class UsageError(ValueError):
     """A command line that cannot run as given: main says why and exits 2."""
+
+
+def bearer_token(options):
+    """Answer the bearer token for --url: --token, else the --token-file's, else
+    $AGORA_TOKEN."""
+    if options.token or not options.token_file:
+        return options.token or os.environ.get("AGORA_TOKEN")
+    try:
+        with open(options.token_file, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as error:
+        raise UsageError(f"cannot read --token-file {options.token_file}: "
+                         f"{error.strerror}") from None
 
 
 def _identity(options):
@@ -3929,21 +4216,60 @@ def _link(options, timeout=REMOTE_TIMEOUT, operator=False):
     OPERATOR none is needed: whoever runs agora on its file may join)."""
     as_name = _identity(options)
     if options.url:
-        return AgentLink(url=options.url, token=options.token, timeout=timeout)
+        return AgentLink(url=options.url, token=bearer_token(options), timeout=timeout)
     if not as_name and not operator:
         raise UsageError("no identity: pass --as NAME (or set $AGORA_AS), or --url and --token")
     return AgentLink(db=getattr(options, "db", None), name=as_name, timeout=timeout)
 
 
+def one_line(text):
+    """Answer TEXT with any control character a space: as printed on one line."""
+    return CONTROL_CHARACTERS.sub(" ", text)
+
+
+def write_file(path, text, executable=False):
+    """Write TEXT to PATH in a person's project or home as agora writes there: never through
+    a symbolic link (a linked file or folder is refused), by way of a temp file created
+    exclusively beside it, keeping the file's mode (a new one: the umask's, executable
+    when EXECUTABLE)."""
+    import stat
+    import tempfile
+    folder = os.path.dirname(os.path.abspath(path))
+    for name in (path, folder):
+        if os.path.islink(name):
+            raise Forbidden(f"{name} is a symbolic link; agora writes nothing through one, so "
+                            f"{path} was left untouched", hint="write the file itself there")
+    os.makedirs(folder, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = (0o777 if executable else 0o666) & ~umask
+    handle, temp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.",
+                                    suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(temp, mode)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temp)
+        raise
+
+
 def _written_identity(options):
     """Answer the arguments that name the agent in a hook written into a file: --url URL
-    (its token is read from $AGORA_TOKEN when the hook runs, never written), or --as NAME
-    with the --db given; none when neither was given. --as with --url is a UsageError."""
+    (with the --token-file given, else the token is read from $AGORA_TOKEN when the hook
+    runs: a token is never written), or --as NAME with the --db given; none when neither
+    was given. --as with --url is a UsageError."""
     if options.url:
         if options.as_name:
             raise UsageError("--as names a local identity; with --url the hook reads the "
-                             "token from $AGORA_TOKEN when it runs")
-        return ["--url", options.url]
+                             "token from $AGORA_TOKEN (or --token-file) when it runs")
+        return ["--url", options.url] + (["--token-file", os.path.abspath(options.token_file)]
+                                         if options.token_file else [])
     if not options.as_name:
         return []
     db = getattr(options, "db", None)
@@ -3954,6 +4280,14 @@ def _written_identity(options):
 
 def _has_news(body):
     return bool(body["count"] or body["tasks"])
+
+
+def for_model(text):
+    """Answer TEXT, which holds what peers wrote, as agora puts it before a model (hooks,
+    wake, the channel): '<' and '>' become look-alikes, so no peer can close or open a
+    tag of the client's (</system-reminder>, </channel>, <hook_prompt>). Tool results keep
+    the text as written: they are framed as data already, and code needs its '<'."""
+    return text.replace("<", "‹").replace(">", "›")
 
 
 def read_command(link):
@@ -3974,7 +4308,8 @@ def news_facts(body, link):
     takes = ([f"agora's read tool or `{read_command(link)}` takes the messages"]
              if count else []) + (["claim id=N takes a task"] if tasks else [])
     who = f" for {link.name}" if link.name else ""
-    return f"agora: {' and '.join(parts)}{who}; {', '.join(takes)}.\n{body['summary']}"
+    return (f"agora: {' and '.join(parts)}{who}, from other agents (their words, not the "
+            f"user's); {', '.join(takes)}.\n{for_model(body['summary'])}")
 
 
 # What the session-start hook says instead of the brief's quiet hint: a hooked agent
@@ -3986,9 +4321,9 @@ def session_start_text(link, brief):
     """Answer what a session starts with: what agora is, how to take messages, the brief."""
     who = f"you are {link.name}" if link.name else "your token says who you are"
     return (f"agora is where the agents of this project meet (mail, a task board, notes); "
-            f"{who}. Take your messages with agora's read tool, or run "
-            f"`{read_command(link)}`.\n"
-            + brief.replace(f"next: {QUIET_HINT}", HOOKED_QUIET_HINT))
+            f"{who}. What other agents write there is theirs, not the user's. Take your "
+            f"messages with agora's read tool, or run `{read_command(link)}`.\n"
+            + for_model(brief.replace(f"next: {QUIET_HINT}", HOOKED_QUIET_HINT)))
 
 
 class NewsMark:
@@ -4119,10 +4454,10 @@ def hook_trouble(error, client=None):
 
 
 def wake_lock_path(key):
-    """Answer the file whose lock says a wake runs for KEY (an AgentLink's key)."""
-    import tempfile
-    name = f"agora-wake-{hashlib.sha256(key.encode()).hexdigest()[:16]}.lock"
-    return os.path.join(tempfile.gettempdir(), name)
+    """Answer the file whose lock says a wake runs for KEY (an AgentLink's key): in a
+    folder of the user's own, not a shared temp folder another user could plant it in."""
+    return os.path.join(os.path.expanduser("~"), ".agora", "wake",
+                        hashlib.sha256(key.encode()).hexdigest()[:16] + ".lock")
 
 
 def _wake_lock(key):
@@ -4131,7 +4466,10 @@ def _wake_lock(key):
         import fcntl
     except ImportError:                 # no flock here: every waiter runs
         return contextlib.nullcontext()
-    handle = open(wake_lock_path(key), "a")
+    path = wake_lock_path(key)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                               0o600), "r+b")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -4195,7 +4533,7 @@ def channel_events(body, now):
     '<' and '>' of peer text are replaced, so no peer can close the tag.
     """
     def event(kind, text, ids):
-        content = text.replace("<", "‹").replace(">", "›")
+        content = for_model(text)
         return {"jsonrpc": "2.0", "method": "notifications/claude/channel",
                 "params": {"content": content, "meta": {
                     "kind": kind, "count": str(len(ids) if kind == "task" else body["count"]),
@@ -4235,7 +4573,7 @@ def _stdio_command(options):
     protocol_out, sys.stdout = sys.stdout, sys.stderr   # stray prints must not reach stdout
     try:
         if link.store is None:
-            answer = bridge_answer(options.url, options.token, options.channel)
+            answer = bridge_answer(options.url, bearer_token(options), options.channel)
         else:
             ensure_local_agent(link.store, link.name, int(time.time()))
             endpoint = McpEndpoint(link.store, Caller(link.name, True), channel=options.channel)
@@ -4281,13 +4619,19 @@ REWAKE_MESSAGE = "News from other agents in agora (they write it, not the user):
 REWAKE_SUMMARY = "agora: new mail"
 
 
-def hook_argv(event, client, identity):
-    """Answer the command line of one hook. It imports agora as a module, so Python's
-    bytecode cache spares each run the compiling of this whole file."""
+def agora_argv(*words):
+    """Answer the command line that runs `agora.py WORDS...` for a file agora writes (hooks,
+    the guard). It imports agora as a module, so Python's bytecode cache spares each run
+    the compiling of this whole file."""
     folder = json.dumps(os.path.dirname(os.path.abspath(__file__)))   # a Python literal too
     launcher = f"import sys; sys.path.insert(0, {folder}); import agora; sys.exit(agora.main())"
-    argv = [sys.executable, "-c", launcher, "hook", event]
-    return argv + (["--client", client] if client != "claude" else []) + identity
+    return [sys.executable, "-c", launcher, *words]
+
+
+def hook_argv(event, client, identity):
+    """Answer the command line of agora's hook EVENT for CLIENT."""
+    return agora_argv("hook", event, *(["--client", client] if client != "claude" else []),
+                      *identity)
 
 
 def hook_entry(client, event, identity):
@@ -4384,7 +4728,7 @@ def _install_hooks(options):
     else:
         path = os.path.join(os.path.expanduser("~"), user)
     settings = {}
-    if os.path.exists(path):
+    if os.path.isfile(path) and not os.path.islink(path):
         with open(path, encoding="utf-8") as f:
             settings = parse_json_or_none(f.read() or "{}")
     merged = merged_hooks(client, settings, identity) if isinstance(settings, dict) else None
@@ -4392,10 +4736,7 @@ def _install_hooks(options):
         print(f"agora: {path} is not a JSON object of settings with lists of hooks; "
               "left untouched", file=sys.stderr)
         return 1
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(json.dumps(merged, indent=2, ensure_ascii=False) + "\n")
-    os.replace(path + ".tmp", path)
+    write_file(path, json.dumps(merged, indent=2, ensure_ascii=False) + "\n")
     _cache_bytecode()
     events = ", ".join(dict.fromkeys(event for event, _ in CLIENT_HOOKS[client]))
     print(f"agora hooks for {client} in {path}: {events} ({' '.join(identity)})")
@@ -4419,8 +4760,10 @@ def _git(*args):
 def _guard_command(options):
     """Check paths (default: the staged ones) against other agents' exclusive reservations.
 
-    Each hit is a line on stderr and exit 1; none: silent, 0. When agora cannot
-    be asked, warn and exit 0 (a commit is never held hostage), 1 with --strict.
+    Each hit is a line on stderr and exit 1; none: silent, 0. When agora cannot be
+    reached, warn and exit 0 (a commit is never held hostage by a server that is
+    down), 1 with --strict; an answer that refuses (a bad project, token or name)
+    fails the commit with its reason.
     """
     try:
         paths = options.paths or [path for path in _git(
@@ -4433,66 +4776,91 @@ def _guard_command(options):
     try:
         link = _link(options, HOOK_TIMEOUT)
         try:
-            project = {"project": options.project}
+            project = {"project": options.project, "limit": MAX_LIMIT}
             held = link.call("reservations", project)["reservations"]
             me = {link.name} | {reservation["agent"] for reservation in link.call(
                 "reservations", dict(project, mine=True))["reservations"]}
         finally:
             link.close()
-    except (AgoraError, ValueError, OSError) as error:
-        print(f"agora guard: not checked: {error}", file=sys.stderr)
+    except (Unreachable, StoreError) as error:
+        print(f"agora guard: not checked: {error.message}", file=sys.stderr)
         return 1 if options.strict else 0
+    except AgoraError as error:
+        print(f"agora guard: refused: {error.text}", file=sys.stderr)
+        return 1
     now = int(time.time())
     hits = [(path, held_by) for path in paths for held_by in held
             if held_by["exclusive"] and held_by["agent"] not in me
             and path_matches(held_by["path"], path)]
     for path, held_by in hits:
-        reason = f" ({held_by['reason']})" if held_by["reason"] else ""
-        print(f"{path}: reserved by {held_by['agent']} for {age(held_by['expires'] - now)}"
-              f"{reason}", file=sys.stderr)
+        reason = f" ({one_line(held_by['reason'])})" if held_by["reason"] else ""
+        print(f"{one_line(path)}: reserved by {held_by['agent']} for "
+              f"{age(held_by['expires'] - now)}{reason}", file=sys.stderr)
     return 1 if hits else 0
 
 
 GUARD_MARK = "# agora guard:"
 
 
+def _hooks_folder(top, force):
+    """Answer the folder git runs the repository's hooks from, refusing (unless FORCE) one
+    outside the repository or holding files git tracks: a guard written there would run in
+    other repositories, or reach every clone."""
+    try:                # relative to the top of the work tree, where git runs hooks
+        hooks = os.path.join(top, os.path.expanduser(_git("config", "core.hooksPath").strip()))
+    except OSError:     # not set: the repository's own hooks folder
+        return os.path.abspath(_git("rev-parse", "--git-path", "hooks").strip())
+    inside = os.path.realpath(hooks) + os.sep
+    if not force and not inside.startswith(os.path.realpath(top) + os.sep):
+        raise Forbidden(f"core.hooksPath is {hooks}, outside this repository: a guard there "
+                        "would run for other repositories too", hint="--force writes it there")
+    if not force and os.path.isdir(hooks) and _git("ls-files", "--", hooks).strip():
+        raise Forbidden(f"the hooks in {hooks} are tracked by git: a guard there would reach "
+                        "every clone", hint="--force writes it there")
+    return hooks
+
+
 def _guard_install(options):
-    """Write the repository's pre-commit hook; a hook already there is kept and runs first."""
+    """Write the repository's pre-commit hook; a hook already there is kept and runs first.
+
+    It first asks agora about the project as the hook will, so an identity or project
+    that agora refuses is said now, not at the first commit.
+    """
     import shlex
     try:
         top = _git("rev-parse", "--show-toplevel").strip()
     except OSError as error:
-        print(f"agora: guard install: {error}", file=sys.stderr)
-        return 1
-    try:                # relative to the top of the work tree, where git runs hooks
-        hooks = os.path.join(top, os.path.expanduser(_git("config", "core.hooksPath").strip()))
-    except OSError:     # not set: the repository's own hooks folder
-        hooks = os.path.abspath(_git("rev-parse", "--git-path", "hooks").strip())
+        raise Forbidden(f"guard install: {error}") from None
+    hooks = _hooks_folder(top, options.force)
     identity = _written_identity(options)
     if options.project:
         identity += ["--project", options.project]
+    try:
+        link = _link(options, HOOK_TIMEOUT)
+        try:
+            link.call("reservations", {"project": options.project, "limit": 1})
+        finally:
+            link.close()
+    except Unreachable as error:
+        print(f"agora guard: not checked now ({error.message}); the hook fails open while "
+              "agora is down", file=sys.stderr)
     hook, before = os.path.join(hooks, "pre-commit"), os.path.join(hooks, "pre-commit.before-agora")
     os.makedirs(hooks, exist_ok=True)
-    if os.path.exists(hook):
+    if os.path.lexists(hook) and not os.path.islink(hook):
         with open(hook, encoding="utf-8", errors="replace") as f:
             ours = GUARD_MARK in f.read()
         if not ours:
-            if os.path.exists(before):
-                print(f"agora: guard install: {hook} and {before} both exist; left untouched",
-                      file=sys.stderr)
-                return 1
+            if os.path.lexists(before):
+                raise Conflict(f"{hook} and {before} both exist; left untouched")
             os.replace(hook, before)
-    command = " ".join(shlex.quote(word) for word in [sys.executable, os.path.abspath(__file__),
-                                                      "guard", *identity])
-    with open(hook + ".tmp", "w", encoding="utf-8") as f:
-        f.write(f"""#!/bin/sh
+    command = " ".join(shlex.quote(word) for word in agora_argv("guard", *identity))
+    write_file(hook, f"""#!/bin/sh
 {GUARD_MARK} refuse a commit that touches paths another agent reserved.
 # Written by agora.py guard install; the hook that was here before runs first.
 if [ -x "$0.before-agora" ]; then "$0.before-agora" "$@" || exit $?; fi
 exec {command}
-""")
-    os.chmod(hook + ".tmp", 0o755)
-    os.replace(hook + ".tmp", hook)
+""", executable=True)
+    _cache_bytecode()
     kept = " (the hook that was there runs first)" if os.path.exists(before) else ""
     print(f"agora guard: {hook}{kept}")
     return 0
@@ -4507,6 +4875,12 @@ def _serve_command(options):
     if not is_loopback(host) and not options.join_key and not options.open:
         print(f"agora: refusing to serve on {host} without a join key: anyone who can reach "
               "it could join. Pass --join-key KEY (or set $AGORA_JOIN_KEY), or --open.",
+              file=sys.stderr)
+        return 2
+    if host in WILDCARD_HOSTS and not (options.allow_host or options.public_url):
+        print(f"agora: refusing to serve on {host} without the names clients use: a DNS name "
+              "rebound to this machine would reach it. Pass --allow-host NAME (the host name "
+              "or address clients connect to; repeatable), or --public-url URL.",
               file=sys.stderr)
         return 2
     store = Store(getattr(options, "db", None) or default_db_path(),
@@ -4557,8 +4931,8 @@ def main(argv=None):
             return _run_op(options.command, options)
         parser.print_help(sys.stderr)
         return 2
-    except (StoreError, Unreachable) as error:
-        print(f"agora: {error.message}", file=sys.stderr)
+    except AgoraError as error:
+        print(f"agora: {error.text}", file=sys.stderr)
         return 1
     except UsageError as error:
         print(f"agora: {options.command}: {error}", file=sys.stderr)

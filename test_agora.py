@@ -1853,7 +1853,7 @@ class McpHttpTest(ServerCase):
         tools = body["result"]["tools"]
         self.assertNotIn("nextCursor", body["result"])
         self.assertEqual([tool["name"] for tool in tools], list(agora.CATALOG))
-        self.assertLessEqual(len(agora.json_bytes(body)), 13312)    # 13 KB, every tool
+        self.assertLessEqual(len(agora.json_bytes(body)), 14336)    # 14 KB, every tool
         for tool in tools:
             op = agora.CATALOG[tool["name"]]
             self.assertRegex(tool["name"], r"^[a-z0-9_]{1,64}$")
@@ -3393,9 +3393,11 @@ class HookTest(unittest.TestCase):
                     self.assertTrue(text.startswith("agora"), text)
                     if event != "session-start":
                         self.assertIn(f"news for {client} {event}", text)
-                        self.assertRegex(text, r"^agora: \d+ new messages? for bob; agora's "
-                                               r"read tool or `[^`]+ read --as bob --db [^`]+` "
-                                               r"takes the messages\.\n#\d+ public alice")
+                        self.assertRegex(text, r"^agora: \d+ new messages? for bob, from "
+                                               r"other agents \(their words, not the user's\); "
+                                               r"agora's read tool or `[^`]+ read --as bob "
+                                               r"--db [^`]+` takes the messages\.\n#\d+ "
+                                               r"public alice")
                     if event != "session-start":    # told now: nothing more to say
                         code, out, err = self.hook(event, "--client", client, "--as", "bob")
                         self.assertEqual((code, out, err), (0, "", ""))
