@@ -27,8 +27,9 @@ clean:
 
 # Real third-party clients against a real server: the official MCP Python SDK,
 # the MCP Inspector CLI, the MCP conformance suite, the A2A SDK, the A2A test
-# kit, and Claude Code checking the hooks file agora writes. They live in .interop/ (git-ignored, throwaway); agora.py never depends on
-# them. The A2A test kit (a2aproject/a2a-tck, branch 1.0-dev) is published on
+# kit, and the coding clients themselves (Claude Code, Codex CLI, Gemini CLI)
+# end to end against a fake model API on loopback. They live in .interop/
+# (git-ignored, throwaway); agora.py never depends on them. The A2A test kit (a2aproject/a2a-tck, branch 1.0-dev) is published on
 # neither PyPI nor npm: A2A_TCK names a copy of it, a .tar.gz made by
 # `git archive --prefix=a2a-tck/` or a checked-out folder, by default the one kept
 # in shared/kits beside this checkout; without one the kit is left out and the
@@ -36,12 +37,15 @@ clean:
 INTEROP = .interop
 NODE22 = 22.23.5
 CLAUDE_CODE = 2.1.332
+CODEX = 0.171.0
+GEMINI_CLI = 0.61.0
 NPM_FLAGS = --no-audit --no-fund --no-update-notifier --loglevel=error
 A2A_TCK ?= $(wildcard ../shared/kits/a2a-tck-1.0-dev.tar.gz)
 
 .PHONY: interop
 interop: $(INTEROP)/ready
 	PATH="$$(cat $(INTEROP)/node-path):$$PATH" $(INTEROP)/venv/bin/python .ci/interop.py
+	PATH="$$(cat $(INTEROP)/node-path):$$PATH" $(INTEROP)/venv/bin/python .ci/clients.py
 
 $(INTEROP)/ready: Makefile
 	rm -rf $(INTEROP) && mkdir -p $(INTEROP)
@@ -63,9 +67,13 @@ $(INTEROP)/ready: Makefile
 	PATH="$$(cat $(INTEROP)/node-path):$$PATH" npm install --prefix $(INTEROP)/npm $(NPM_FLAGS) \
 	    --cache $(INTEROP)/npm-cache \
 	    @modelcontextprotocol/inspector@2.12.0 @modelcontextprotocol/conformance@0.1.16
-	# Claude Code, only for what it checks offline (its settings); it never logs in here.
+	# The coding clients, run against a fake model on loopback: they never log in here.
 	npm install --prefix $(INTEROP)/claude $(NPM_FLAGS) --cache $(INTEROP)/npm-cache \
 	    --ignore-scripts @anthropic-ai/claude-code@$(CLAUDE_CODE)
+	npm install --prefix $(INTEROP)/codex $(NPM_FLAGS) --cache $(INTEROP)/npm-cache \
+	    @openai/codex@$(CODEX)
+	PATH="$$(cat $(INTEROP)/node-path):$$PATH" npm install --prefix $(INTEROP)/gemini \
+	    $(NPM_FLAGS) --cache $(INTEROP)/npm-cache @google/gemini-cli@$(GEMINI_CLI)
 	touch $@
 
 # Speed and memory against floors measured in the same run.

@@ -5,7 +5,7 @@ and a scratch agora database, and each check looks at what reached "the model"
 (the recorded requests), not only at exit codes:
 
 - the SessionStart brief is in the first request (claude -p, codex exec, gemini -p);
-- a direct message posted before the prompt arrives next to the prompt;
+- a direct message that arrives after the brief is next to the prompt;
 - a message posted mid-turn makes the stop hook continue the turn, once;
 - `claude -p` with agora's hooks (their asyncRewake `wake` entries too) ends about
   as fast as without them;
@@ -13,19 +13,34 @@ and a scratch agora database, and each check looks at what reached "the model"
   message posted from another process, once per message, and again after its stop;
 - MCP round trips over stdio and HTTP: a tool result carrying the message reaches
   the model, and the model's post lands in agora;
-- a hook that cannot reach agora is shown to the person (systemMessage).
+- a hook that cannot reach agora tells the person in one line, wherever the client
+  shows a hook's systemMessage (learnt first with a probe hook, for each client
+  headless and, for Claude Code and Codex, in its TUI).
+
+How each client is made to run here (no login, no dialog, no network):
+- Claude Code: ANTHROPIC_BASE_URL, an API key pre-approved in $HOME/.claude.json
+  with onboarding and the project's trust marked done, nonessential traffic off.
+- Codex: a model provider in $CODEX_HOME/config.toml, the project trusted there,
+  and each hook trusted by writing the `trusted_hash` Codex computes itself (what
+  "Trust all" in its TUI writes; codex_hook_trust), not --dangerously-bypass-hook-trust,
+  so the run proves the file a person would trust is the one that works.
+- Gemini CLI: GOOGLE_GEMINI_BASE_URL, an API key, security.auth.selectedType
+  "gemini-api-key" in the user settings, the project in trustedFolders.json.
 
 The clients are found under $AGORA_CLIENTS (default .interop/, as `make interop`
 installs them): claude/node_modules/@anthropic-ai/claude-code-linux-x64/claude,
 codex/node_modules/@openai/codex-linux-x64/vendor/*/bin/codex and
 gemini/node_modules/@google/gemini-cli/bundle/gemini.js (run with the `node` on
 PATH). A client that is not installed is one failing check. $AGORA_PY names the
-agora.py under test (default the one beside this folder).
+agora.py under test (default the one beside this folder). The hook files are
+written as a person writes them, by `agora.py hook install CLIENT`. Arguments name
+the clients to run (default all).
 
 Every client run gets a scratch HOME (and CODEX_HOME), an environment with nothing
-of the machine's user in it, only loopback addresses, a hard timeout, its own
-process group (killed at the end), and a sweep for any process left holding the
-run's scratch folder. Standard library only.
+of the machine's user in it, only loopback addresses to talk to (update checks,
+telemetry and plugin sync off), a hard timeout, its own process group (killed at
+the end), and a sweep, by pid, for any process still naming the run's scratch
+folder (a waiting hook, a daemon). Standard library only.
 """
 
 import contextlib
@@ -46,16 +61,21 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, check, summary  # noqa: E402
-import fake_model  # noqa: E402
+import harness  # noqa: E402
+from harness import ROOT, summary  # noqa: E402
 from fake_model import FakeModel, request_text, tool, tool_names  # noqa: E402
 
 AGORA = os.path.abspath(os.environ.get("AGORA_PY") or os.path.join(ROOT, "agora.py"))
 PYTHON = sys.executable
 CLIENTS = os.path.abspath(os.environ.get("AGORA_CLIENTS") or os.path.join(ROOT, ".interop"))
 RUN_TIMEOUT = 60            # seconds any one client run may take
-UNREACHABLE = "http://127.0.0.1:9"
-VERBOSE = bool(os.environ.get("AGORA_CLIENTS_VERBOSE"))
+UNREACHABLE = "http://127.0.0.1:9"       # nothing listens there: agora is down
+
+
+def check(name, ok, detail=""):
+    """harness.check, answering whether the check passed (so a scenario can stop)."""
+    harness.check(name, ok, detail)
+    return bool(ok)
 
 
 def note(text):
@@ -63,13 +83,15 @@ def note(text):
     print(f"    {text}", flush=True)
 
 
-def fragment(haystack, needle, width=90):
-    """Answer NEEDLE with some of its context in HAYSTACK, on one line (or None)."""
+def fragment(haystack, needle, before=110, after=40):
+    """Answer NEEDLE with some of its context in HAYSTACK, on one line, the shell
+    commands agora names shortened (or None when NEEDLE is not there)."""
+    haystack = re.sub(r"`[^`]*agora\.py read[^`]*`", "`...`", " ".join(haystack.split()))
+    haystack = re.sub(r"\S*/agora\.py hook", "agora.py hook", haystack)
     at = haystack.find(needle)
     if at < 0:
         return None
-    start = max(0, at - width)
-    return " ".join(haystack[start:at + len(needle) + width // 3].split())
+    return haystack[max(0, at - before):at + len(needle) + after]
 
 
 # -- processes ------------------------------------------------------------------
@@ -93,22 +115,37 @@ def kill_group(process):
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def sweep(marker):
-    """Kill, by pid, every process of ours whose command line names MARKER (a scratch
-    folder unique to one run): hooks a client left behind. Answer the command lines."""
-    left = []
+def processes():
+    """Yield (pid, command line) for every other process of this user."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
+            if os.stat(f"/proc/{entry}").st_uid != os.getuid():
+                continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+                argv = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
         except OSError:
             continue
+        if argv:
+            yield int(entry), argv
+
+
+def processes_naming(*words):
+    """Answer the pids of our processes whose command line holds every one of WORDS."""
+    return [pid for pid, argv in processes() if all(word in argv for word in words)]
+
+
+def sweep(marker):
+    """Kill, by pid, every process of ours whose command line names MARKER (a scratch
+    folder unique to one run): what a client left behind (a hook still waiting, a
+    daemon). Answer their command lines."""
+    left = []
+    for pid, argv in processes():
         if marker in argv:
-            left.append(argv.strip())
+            left.append(argv)
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
     return left
 
 
@@ -125,9 +162,14 @@ def run(argv, cwd, env, timeout=RUN_TIMEOUT, stdin_text=None):
     except subprocess.TimeoutExpired:
         timed_out = True
         kill_group(process)
-        out, err = process.communicate()
+        try:
+            out, err = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:     # a child in another group holds the pipes
+            process.stdout.close(), process.stderr.close()
+            out, err = "", ""
     finally:
         kill_group(process)
+    process.wait()
     return Run(process.returncode, out, err, time.monotonic() - started, timed_out)
 
 
@@ -215,71 +257,57 @@ def base_env(scratch):
 
 # -- the hook files -------------------------------------------------------------
 
-def hook_argv(event, client, name, db, url=None):
-    """Answer the argv of one agora hook: --as NAME on DB, or --url URL."""
-    who = ["--url", url] if url else ["--as", name, "--db", db]
-    return [PYTHON, AGORA, "hook", event, "--client", client, *who]
+def hook_argv(event, client, name, db):
+    """Answer the command line of one agora hook, as `hook install` writes it."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("agora_under_test", AGORA)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.hook_argv(event, client, ["--as", name, "--db", db])
 
 
-def write_hooks(client, scratch, name, url=None, wake=True, command=None):
-    """Write CLIENT's hook file in SCRATCH's project, in the shape README.md shows, for
-    agent NAME on the scratch database (or --url URL). COMMAND (a function of the
-    event) replaces agora's hook, to learn how a client shows a hook's output.
+HOOK_FILES = {"claude": ".claude/settings.local.json", "codex": ".codex/hooks.json",
+              "gemini": ".gemini/settings.json", "cursor": ".cursor/hooks.json"}
 
-    This is the one step that writes hook files: when `agora.py hook install
-    claude|codex|gemini|cursor` exists for every client it can do this instead.
-    Answer the file's path.
-    """
-    def shell(event):
-        return command(event) if command else shlex.join(hook_argv(event, client, name,
-                                                                   scratch.db, url))
-    if client == "claude":
-        def entry(event, **extra):
-            if command:
-                return dict({"type": "command", "command": command(event)}, **extra)
-            argv = hook_argv(event, client, name, scratch.db, url)
-            argv.remove("--client"), argv.remove("claude")
-            return dict({"type": "command", "command": argv[0], "args": argv[1:]}, **extra)
-        waker = [entry("wake", asyncRewake=True, timeout=86400 + 60)] if wake else []
-        hooks = {"SessionStart": [{"hooks": [entry("session-start", timeout=30)] + waker}],
-                 "UserPromptSubmit": [{"hooks": [entry("prompt", timeout=30)]}],
-                 "Stop": [{"hooks": [entry("stop", timeout=30)] + waker}]}
-        return scratch.write(".claude/settings.local.json", {"hooks": hooks},
-                             under=scratch.project)
-    if client == "codex":
-        hooks = {event: [{"hooks": [{"type": "command", "timeout": 30,
-                                     "command": shell(word)}]}]
-                 for event, word in (("SessionStart", "session-start"),
-                                     ("UserPromptSubmit", "prompt"), ("Stop", "stop"))}
-        return scratch.write(".codex/hooks.json", {"hooks": hooks}, under=scratch.project)
-    if client == "gemini":
-        hooks = {event: [{"hooks": [{"type": "command", "timeout": 30000,
-                                     "command": shell(word)}]}]
-                 for event, word in (("SessionStart", "session-start"),
-                                     ("BeforeAgent", "prompt"), ("AfterAgent", "stop"))}
-        path = os.path.join(scratch.project, ".gemini", "settings.json")
-        settings = json.load(open(path)) if os.path.exists(path) else {}
-        settings["hooks"] = hooks
-        return scratch.write(".gemini/settings.json", settings, under=scratch.project)
-    raise ValueError(client)
+
+def write_hooks(client, scratch, name, url=None):
+    """Write CLIENT's hook file in SCRATCH's project the way a person does, with
+    `agora.py hook install CLIENT` (--as NAME on the scratch database, or --url URL);
+    answer the file's path."""
+    who = ["--url", url] if url else ["--as", name, "--db", scratch.db]
+    subprocess.run([PYTHON, AGORA, "hook", "install", client, *who, "--dir",
+                    scratch.project], check=True, capture_output=True, timeout=30)
+    return os.path.join(scratch.project, HOOK_FILES[client])
+
+
+def rewrite_hooks(path, change):
+    """Give each of agora's hooks in the hook file at PATH the shell command
+    CHANGE(command, event) answers (Claude Code's exec form becomes a command line)."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    for groups in data["hooks"].values():
+        for group in groups:
+            for handler in group.get("hooks", [group]):
+                words = ([handler["command"]] + handler["args"] if "args" in handler
+                         else shlex.split(handler["command"]))
+                if "hook" not in words:
+                    continue
+                handler.pop("args", None)
+                handler["command"] = change(shlex.join(words), words[words.index("hook") + 1])
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
 
 
 # -- the clients ------------------------------------------------------------------
 
 class Client:
-    """What every driver has: a name, where its program is, whether it is there."""
+    """What every driver has: a name, where its program is (program()), whether it is
+    there, and headless(scratch, model, prompt, ...) answering a Run."""
 
     name = "?"
 
-    def program(self):
-        raise NotImplementedError
-
     def available(self):
         return all(os.path.exists(part) for part in self.program()[-1:])
-
-    def headless(self, scratch, model, prompt, timeout=RUN_TIMEOUT, extra=()):
-        """Run one prompt without a person; answer a Run."""
-        raise NotImplementedError
 
 
 class ClaudeCode(Client):
@@ -345,7 +373,10 @@ class Codex(Client):
                  'check_for_update_on_startup = false', "",
                  "[model_providers.fake]", 'name = "fake"',
                  f"base_url = {json.dumps(model.url + '/v1')}", 'env_key = "FAKE_API_KEY"',
-                 'wire_api = "responses"', "", "[features]", "plugins = false", "",
+                 'wire_api = "responses"', "",
+                 # no plugin sync (it calls outside hosts), no TUI app-server daemon
+                 # (it outlives the TUI), no analytics
+                 "[features]", "plugins = false", "daemon_auto_start = false", "",
                  "[analytics]", "enabled = false", "",
                  f"[projects.{json.dumps(scratch.project)}]", 'trust_level = "trusted"', ""]
         for key, digest in codex_hook_trust(scratch.project).items():
@@ -353,7 +384,7 @@ class Codex(Client):
                       ""]
         for name, server in (mcp or {}).items():
             lines.append(f"[mcp_servers.{name}]")
-            lines += [f"{key} = {json.dumps(value)}" for key, value in server.items()]
+            lines += [f"{key} = {toml_value(value)}" for key, value in server.items()]
             lines.append("")
         scratch.write(".codex/config.toml", "\n".join(lines))
 
@@ -362,6 +393,22 @@ class Codex(Client):
         return run(self.program() + ["exec", "--skip-git-repo-check", "--color", "never",
                                      *extra, prompt],
                    scratch.project, self.env(scratch, model), timeout)
+
+
+def toml_value(value):
+    """Answer VALUE (str, bool, int, float, list, dict) written as a TOML value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(key)} = {toml_value(item)}"
+                                for key, item in value.items()) + " }"
+    raise TypeError(f"no TOML for {value!r}")
 
 
 CODEX_EVENT_LABELS = {"PreToolUse": "pre_tool_use", "PermissionRequest": "permission_request",
@@ -395,7 +442,7 @@ def codex_hook_trust(project):
                           "timeout": max(1, handler.get("timeout", handler.get("timeoutSec",
                                                                                 600))),
                           "async": bool(handler.get("async", False))}
-                if handler.get("statusMessage") is not None:
+                if handler.get("statusMessage") is not None:    # (not exercised here)
                     normal["statusMessage"] = handler["statusMessage"]
                 identity = {"event_name": label, "hooks": [normal]}
                 if group.get("matcher") is not None and event not in ("UserPromptSubmit",
@@ -436,3 +483,519 @@ class Gemini(Client):
         self.prepare(scratch, model, mcp)
         return run(self.program() + ["-p", prompt, *extra], scratch.project,
                    self.env(scratch, model), timeout)
+
+
+# -- reading what reached the model ------------------------------------------------
+
+def conversation(request):
+    """Answer the list of turns a recorded request carries: Anthropic messages, Responses
+    input items or Gemini contents."""
+    body = request.get("body") or {}
+    return body.get("messages") or body.get("input") or body.get("contents") or []
+
+
+def text_from(request, needle):
+    """Answer the text of REQUEST's conversation from the last item holding NEEDLE on
+    (the prompt and whatever the client put beside it), or "" when none holds it."""
+    items = conversation(request)
+    for index in range(len(items) - 1, -1, -1):
+        if needle in request_text({"body": items[index]}):
+            return "\n".join(request_text({"body": item}) for item in items[index:])
+    return ""
+
+
+def added_text(request, previous):
+    """Answer the text of what REQUEST's conversation has beyond PREVIOUS's."""
+    return "\n".join(request_text({"body": item})
+                     for item in conversation(request)[len(conversation(previous)):])
+
+
+def chain_after_session_start(path, argv):
+    """Make the session-start hook in the hook file at PATH run ARGV right after it, in
+    the same command: so a message can arrive after the brief and before the prompt
+    (the brief marks what it reports as told, and a headless run has no gap between
+    its start and its prompt)."""
+    rewrite_hooks(path, lambda command, event: command if event != "session-start"
+                  else f"{command}; {shlex.join(argv)} >/dev/null 2>&1")
+
+
+def post_argv(db, to, body, sender="bob"):
+    return [PYTHON, AGORA, "post", f"body={body}", f"to={to}", "--as", sender, "--db", db]
+
+
+class Session:
+    """One scenario's world: a Scratch and a started FakeModel; on leaving, the model
+    stops and any process still naming the scratch folder is killed (and noted)."""
+
+    def __init__(self, base, label, script=()):
+        self.scratch = Scratch(base, label)
+        self.model = FakeModel(script, log_path=os.path.join(self.scratch.root,
+                                                             "requests.jsonl"))
+
+    def __enter__(self):
+        self.model.start()
+        return self.scratch, self.model
+
+    def __exit__(self, *exc):
+        self.model.stop()
+        left = self.scratch.sweep()
+        if left:
+            note(f"killed {len(left)} process(es) left behind: {left[0][:140]}")
+        if self.model.errors:
+            note(f"fake model callback errors: {self.model.errors}")
+
+
+# -- scenarios --------------------------------------------------------------------
+
+def hooks_session(client, base):
+    """The brief in request 1, news next to the prompt, a stop continuation: one run.
+
+    The session-start hook is followed by a post (a message arriving after the brief,
+    before the prompt); the fake model's callback posts a second message before it
+    answers request 1, which the stop hook must turn into request 2, once."""
+    label = f"{client.name} hooks"
+    name = f"{client.name}-agent"
+    with Session(base, f"{client.name}-hooks") as (scratch, model):
+        agora(scratch.db, "brief", "--as", name)
+        path = write_hooks(client.name, scratch, name)
+        chain_after_session_start(path, post_argv(scratch.db, name,
+                                                  "NEWS-BEFORE-PROMPT please review PR 7"))
+        model.before(1, lambda request: dm(scratch.db, name, "NEWS-MID-TURN main is red"))
+        done = client.headless(scratch, model, "PROMPT-7 hello")
+        turns = model.turns()
+        if not check(f"{label}: the run ends by itself with exit 0 and a request",
+                     not done.timed_out and done.returncode == 0 and turns, done):
+            return
+        first = request_text(turns[0])
+        brief = f"{name} (no status"
+        ran = client.name != "codex" or "hook: SessionStart" in done.stderr
+        check(f"{label}: request 1 carries the session-start brief", brief in first,
+              first[-400:] if ran else "Codex ran no hook: is codex_hook_trust's hash "
+                                       "still the one Codex computes?")
+        note(f"brief: {fragment(first, brief, 150)!r}")
+        beside = text_from(turns[0], "PROMPT-7")
+        check(f"{label}: request 1 carries the news next to the prompt",
+              "NEWS-BEFORE-PROMPT" in beside, beside[-400:])
+        note(f"prompt news: {fragment(beside, 'NEWS-BEFORE-PROMPT', 160)!r}")
+        second = added_text(turns[1], turns[0]) if len(turns) > 1 else ""
+        check(f"{label}: the stop hook continues the turn with the mid-turn message",
+              "NEWS-MID-TURN" in second, [len(turns), second[-300:]])
+        note(f"continuation: {fragment(second, 'NEWS-MID-TURN', 220)!r}")
+        check(f"{label}: one continuation, then the run stops", len(turns) == 2,
+              f"{len(turns)} requests")
+        note(f"wall {done.wall:.1f}s, {len(model.requests)} requests "
+             f"({len(turns)} turns)")
+
+
+def claude_print_speed(client, base):
+    """`claude -p` with agora's hooks, wake entries included, against without hooks."""
+    times = {}
+    for hooked in (False, True):
+        with Session(base, f"claude-speed-{'hooks' if hooked else 'bare'}") as (scratch, model):
+            if hooked:
+                write_hooks("claude", scratch, "claude-agent")
+            times[hooked] = client.headless(scratch, model, "hello", timeout=RUN_TIMEOUT)
+    bare, hooked = times[False], times[True]
+    note(f"claude -p: without hooks {bare.wall:.2f}s, with agora's hooks "
+         f"{hooked.wall:.2f}s{' (killed at the timeout)' if hooked.timed_out else ''}")
+    check("claude -p with agora's hooks (wake included) ends about as fast as without",
+          not hooked.timed_out and hooked.returncode == 0 and hooked.wall < bare.wall + 5,
+          f"{hooked.wall:.1f}s against {bare.wall:.1f}s")
+
+
+def mcp_round_trip(client, base, transport):
+    """The model calls agora's read, then post; the tool result with the message must
+    reach the model and the post must land in agora."""
+    label = f"{client.name} mcp over {transport}"
+    name = f"{client.name}-{transport}"
+    with Session(base, f"{client.name}-mcp-{transport}") as (scratch, model):
+        server = AgoraServer(scratch.db) if transport == "http" else None
+        try:
+            token = mint(scratch.db, name) if server else None
+            ok, extra = client_add_mcp(client, scratch, model, name, server, token)
+            if not check(f"{label}: the client takes agora as an MCP server", ok, extra):
+                return
+            dm(scratch.db, name, "MAIL-FOR-TOOLS see the log")
+            model.set_script([McpScript(client)] * 6)
+            done = client.headless(scratch, model, "read your mail",
+                                   **client_mcp_options(client, extra))
+            turns = model.turns()
+            results = [added_text(t, p) for p, t in zip(turns, turns[1:])]
+            carrying = [r for r in results if "MAIL-FOR-TOOLS" in r]
+            check(f"{label}: the read tool's result with the message reaches the model",
+                  carrying, [done, [t["reply"] for t in turns]])
+            if carrying:
+                note(f"tool result: {fragment(carrying[0], 'MAIL-FOR-TOOLS', 100)!r}")
+            posted = [m for m in public_history(scratch.db) if m["body"] == "POSTED-BY-MODEL"]
+            check(f"{label}: the model's post lands in #public as {name}",
+                  posted and posted[0]["sender"] == name, public_history(scratch.db))
+        finally:
+            if server:
+                server.close()
+
+
+class McpScript:
+    """The fake model's side of an MCP round trip: call agora's read, then post, then
+    say "done". Each tool is named as CLIENT offers it: Claude Code's
+    mcp__agora__read (first loaded through ToolSearch while it is deferred), Codex's
+    read in the namespace tool mcp__agora, Gemini CLI's mcp_agora_read."""
+
+    def __init__(self, client):
+        self.client, self.steps = client, [("read", {}), ("post", {"body": "POSTED-BY-MODEL"})]
+
+    def __call__(self, request):
+        if not self.steps:
+            return "done"
+        name, arguments = self.steps[0]
+        if self.client.name == "claude":
+            wanted = f"mcp__agora__{name}"
+            if wanted not in tool_names(request):
+                return tool("ToolSearch", {"query": "select:mcp__agora__read,mcp__agora__post",
+                                           "max_results": 5})
+            reply = tool(wanted, arguments)
+        elif self.client.name == "codex":
+            reply = tool(name, arguments, namespace="mcp__agora")
+        else:
+            reply = tool(f"mcp_agora_{name}", arguments)
+        self.steps.pop(0)
+        return reply
+
+
+def client_add_mcp(client, scratch, model, name, server, token):
+    """Register agora as an MCP server with CLIENT: stdio (`agora.py stdio --as NAME`)
+    or HTTP (SERVER's /mcp with TOKEN as a bearer header). Answer (ok, config)."""
+    stdio = [PYTHON, AGORA, "stdio", "--as", name, "--db", scratch.db]
+    if client.name == "claude":
+        if server:
+            done = client.mcp_add(scratch, model, "--transport", "http", "agora",
+                                  server.url + "/mcp", "--header",
+                                  f"Authorization: Bearer {token}")
+        else:
+            done = client.mcp_add(scratch, model, "agora", "--", *stdio)
+        return done.returncode == 0, done
+    if client.name == "codex":
+        config = ({"url": server.url + "/mcp", "http_headers": {"Authorization":
+                                                                f"Bearer {token}"}}
+                  if server else {"command": stdio[0], "args": stdio[1:]})
+    else:
+        config = ({"httpUrl": server.url + "/mcp", "headers": {"Authorization":
+                                                               f"Bearer {token}"}}
+                  if server else {"command": stdio[0], "args": stdio[1:]})
+        config["trust"] = True          # no confirmation: -p cannot ask
+    return True, {"agora": config}
+
+
+def client_mcp_options(client, config):
+    """Answer the keyword arguments of CLIENT.headless for an MCP run."""
+    if client.name == "claude":
+        return {"extra": ["--allowedTools", "mcp__agora"]}
+    return {"mcp": config}
+
+
+# -- a pseudo-terminal, for the interactive client --------------------------------
+
+ANSI = re.compile(r"\x1b\[[0-9;?<>=]*[ -/]*[@-~]"          # CSI: colours, moves, modes
+                  r"|\x1b\][^\x07\x1b]*(\x07|\x1b\\)"          # OSC: titles, links
+                  r"|\x1b[()][0-9A-Za-z]|\x1b[=>78]")       # charsets, keypad, save
+
+
+class Terminal:
+    """A program in a pseudo-terminal of its own (160x50), in its own process group; a
+    thread drains its output (answering cursor-position queries) into `screen`."""
+
+    def __init__(self, argv, cwd, env, rows=50, cols=160):
+        import fcntl
+        import struct
+        import termios
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        self.process = subprocess.Popen(argv, cwd=cwd, env=env, stdin=slave, stdout=slave,
+                                        stderr=slave, start_new_session=True)
+        os.close(slave)
+        self.master, self.output = master, bytearray()
+        self.reader = threading.Thread(target=self._drain, daemon=True)
+        self.reader.start()
+
+    def _drain(self):
+        while True:
+            try:
+                ready, _, _ = select.select([self.master], [], [], 0.5)
+                if not ready:
+                    if self.process.poll() is not None:
+                        return
+                    continue
+                data = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            self.output.extend(data)
+            if b"\x1b[6n" in data:                  # where is the cursor? somewhere
+                self.type(b"\x1b[1;1R")
+
+    def type(self, data):
+        """Send DATA (str or bytes) as if typed."""
+        with contextlib.suppress(OSError):
+            os.write(self.master, data.encode() if isinstance(data, str) else data)
+
+    def screen(self):
+        """Answer everything shown so far as plain text: cursor moves to the right become
+        spaces, other escape sequences go."""
+        text = bytes(self.output).decode("utf-8", "replace")
+        text = re.sub(r"\x1b\[(\d*)C", lambda m: " " * int(m.group(1) or 1), text)
+        return ANSI.sub("", text)
+
+    def shows(self, needle):
+        """Answer whether NEEDLE was shown, ignoring whitespace (a TUI draws with moves)."""
+        return "".join(needle.split()) in "".join(self.screen().split())
+
+    def wait_for_text(self, needle, timeout):
+        """Block until NEEDLE was shown (answer True) or TIMEOUT s passed."""
+        return bool(wait_until(lambda: self.shows(needle), timeout, 0.1))
+
+    def submit(self, text):
+        """Type TEXT, then Enter on its own (typed together, a TUI may take it as a paste)."""
+        self.type(text)
+        time.sleep(0.5)
+        self.type("\r")
+
+    def quit(self, goodbye, grace=5):
+        """Type GOODBYE (e.g. "/exit\r"); answer the exit status once the program ended
+        by itself within GRACE s, or None."""
+        if self.process.poll() is None:
+            self.type(goodbye)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(grace)
+        return self.process.poll()
+
+    def close(self, goodbye=None, grace=3):
+        """Quit with GOODBYE if given, then kill the process group; answer the status."""
+        if goodbye:
+            self.quit(goodbye, grace)
+        kill_group(self.process)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5)
+        with contextlib.suppress(OSError):
+            os.close(self.master)
+        return self.process.returncode
+
+
+def wait_until(predicate, timeout, step=0.05):
+    """Poll PREDICATE until it answers something true (answer it) or TIMEOUT s pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(step)
+
+
+def claude_interactive_wake(client, base):
+    """Idle interactive Claude Code with agora's hooks: a message posted from another
+    process must start a model request within 2 s carrying it, once; after that
+    turn's stop, the re-armed waiter must wake it again for a second message; /exit
+    must leave no waiter behind."""
+    label = "claude interactive"
+    name = "claude-tty"
+    with Session(base, "claude-tty") as (scratch, model):
+        write_hooks("claude", scratch, name)
+        client.prepare(scratch, model)
+
+        def waiters():
+            return set(processes_naming(scratch.root, "hook", "wake"))
+        terminal = Terminal(client.program(), scratch.project, client.env(scratch, model))
+        try:
+            armed = wait_until(waiters, 20)
+            if not check(f"{label}: starts idle with its wake hook waiting", armed,
+                         terminal.screen()[-600:]):
+                return
+            time.sleep(1.0)             # let the session settle at its prompt
+            check(f"{label}: nothing reaches the model while idle", not model.turns(),
+                  [t["turn"] for t in model.turns()])
+            for round_, token in enumerate(("WAKE-ONE ping", "WAKE-TWO pong"), 1):
+                before, old = len(model.turns()), waiters()
+                posted = time.monotonic()
+                dm(scratch.db, name, token)
+                hit = model.wait_for(lambda r: r["kind"] == "turn"
+                                     and token in request_text(r), 10)
+                latency = hit["monotonic"] - posted if hit else None
+                note(f"wake {round_}: request {f'{latency:.2f}s' if hit else 'never'} "
+                     f"after the post")
+                if not check(f"{label}: message {round_} wakes it within 2 s",
+                             hit and latency <= 2, f"{latency}"):
+                    return
+                if round_ == 1:
+                    seen = request_text(hit)
+                    note(f"as the model sees it: {fragment(seen, token, 420)!r}")
+                    check(f"{label}: the model reads the wake as news from other agents",
+                          "News from other agents in agora" in seen
+                          and "Stop hook blocking error" not in seen, seen[-500:])
+                # the turn ends; its stop arms a new waiter; nothing else may come
+                rearmed = wait_until(lambda: waiters() - old, 10)
+                time.sleep(2.0)
+                turns = model.turns()
+                copies = request_text(turns[-1]).count(token)
+                check(f"{label}: message {round_} reaches the model once",
+                      len(turns) == before + 1 and copies == 1,
+                      f"{len(turns) - before} new requests, {copies} copies")
+                check(f"{label}: after that turn's stop a new waiter is armed",
+                      rearmed and len(waiters()) == 1, waiters())
+            status = terminal.quit("/exit\r")
+            left = not wait_until(lambda: not waiters(), 3)
+            check(f"{label}: /exit ends it and leaves no waiter behind",
+                  status is not None and not left, f"exit {status}, waiters {waiters()}")
+        finally:
+            terminal.close()
+
+
+# -- what the person sees ---------------------------------------------------------
+
+PROBE_HOOK = '''import json, sys
+kind, event = sys.argv[1:3]
+sys.stdin.read()
+if kind == "SYSTEM-MESSAGE":
+    print(json.dumps({"systemMessage": "PROBE-SYSTEM-MESSAGE " + event}))
+else:
+    print("PROBE-STDERR " + event, file=sys.stderr)
+'''
+
+
+def person_sees(client, done):
+    """Answer what a person running CLIENT headless sees of a Run: Claude Code's
+    stream-json `system` events of subtype informational (what an SDK front end
+    shows) and its stderr; the others' stdout and stderr."""
+    if client.name != "claude":
+        return done.stdout + "\n" + done.stderr
+    shown = [done.stderr]
+    for line in done.stdout.splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if event.get("type") == "system" and event.get("subtype") == "informational":
+                shown.append(str(event.get("content")))
+    return "\n".join(shown)
+
+
+READY_TEXT = {"claude": "shift+tab to cycle", "codex": "Ask Codex to do anything"}
+
+
+def interactive_screen(client, scratch, model, prompt="hello there"):
+    """Start CLIENT's TUI in the project, submit PROMPT, wait for the turn to end;
+    answer what the screen showed (or None when it never got to the prompt)."""
+    if client.name == "claude":
+        client.prepare(scratch, model)
+    else:
+        client.config(scratch, model)
+    terminal = Terminal(client.program(), scratch.project, client.env(scratch, model))
+    try:
+        if not terminal.wait_for_text(READY_TEXT[client.name], 20):
+            return None
+        time.sleep(1.0)
+        terminal.submit(prompt)
+        for _ in range(3):              # a TUI still loading drops the Enter: again
+            if model.wait_turns(1, 4):
+                break
+            terminal.type("\r")
+        time.sleep(2.5)                 # the turn's answer and its stop hooks
+        return terminal.screen()
+    finally:
+        terminal.close("\x03\x03" if client.name == "codex" else "/exit\r")
+
+
+def shown_to_person(client, base):
+    """Where CLIENT shows a hook's systemMessage and its stderr (a probe hook that
+    prints both), then whether a hook that cannot reach agora says so to the person
+    in one line, while the session still reaches the model."""
+    faces = ["headless"] + (["tui"] if client.name in READY_TEXT else [])
+    surfaces = set()                    # the faces that show a hook's systemMessage
+    for face in faces:
+        for kind in ("SYSTEM-MESSAGE", "STDERR"):   # a systemMessage alone; stderr alone
+            with Session(base, f"{client.name}-probe-{face}") as (scratch, model):
+                probe = scratch.write("probe_hook.py", PROBE_HOOK, under=scratch.root)
+                rewrite_hooks(write_hooks(client.name, scratch, "probe"), lambda command, event:
+                              shlex.join([PYTHON, probe, kind, event]))
+                if face == "headless":
+                    seen = person_sees(client, client.headless(scratch, model, "hello"))
+                else:
+                    seen = interactive_screen(client, scratch, model) or ""
+                flat = "".join(seen.split())
+                where = [event for event in ("session-start", "prompt", "stop")
+                         if f"PROBE-{kind}{event}" in flat]
+                how = fragment(seen, f"PROBE-{kind}", 40, 20) if where else None
+                note(f"{client.name} {face} shows a hook's "
+                     f"{'systemMessage' if kind == 'SYSTEM-MESSAGE' else 'stderr (exit 0)'} "
+                     f"for: {', '.join(where) or 'no event'}" + (f", as {how!r}" if how else ""))
+                if kind == "SYSTEM-MESSAGE" and where:
+                    surfaces.add(face)
+    for face in faces:
+        with Session(base, f"{client.name}-down-{face}") as (scratch, model):
+            write_hooks(client.name, scratch, None, url=UNREACHABLE)
+            if face == "headless":
+                done = client.headless(scratch, model, "hello")
+                seen = person_sees(client, done)
+                check(f"{client.name} with agora down: the session still runs",
+                      done.returncode == 0 and not done.timed_out and model.turns(), done)
+            else:
+                seen = interactive_screen(client, scratch, model) or ""
+            line = "agora hook: cannot reach"
+            shown = "".join(line.split()) in "".join(seen.split())
+            if face not in surfaces:
+                note(f"{client.name} {face} shows no hook's message at all: agora cannot "
+                     f"tell the person there ({'shown' if shown else 'not shown'})")
+                continue
+            check(f"{client.name} {face} with agora down: the person is told in a line",
+                  shown, f"not among what it shows: {seen[-300:]!r}")
+            if shown:
+                where = (fragment(seen, "cannot reach", 80, 60)
+                         or fragment("".join(seen.split()), "cannotreach", 60, 60))
+                note(f"shown: {where!r}")
+
+
+# -- the run ----------------------------------------------------------------------
+
+def hook_times(base, samples=5):
+    """Time agora's own hooks the way a client runs them (a fresh Python each time)."""
+    scratch = Scratch(base, "hook-times")
+    agora(scratch.db, "brief", "--as", "timer")
+    for event in ("session-start", "prompt", "stop"):
+        walls = []
+        for _ in range(samples):
+            started = time.monotonic()
+            subprocess.run(hook_argv(event, "claude", "timer", scratch.db), input="{}",
+                           capture_output=True, text=True, timeout=30)
+            walls.append(time.monotonic() - started)
+        walls.sort()
+        note(f"agora hook {event}: median {walls[len(walls) // 2] * 1000:.0f} ms "
+             f"(min {walls[0] * 1000:.0f}, max {walls[-1] * 1000:.0f})")
+
+
+def main(argv=None):
+    """Run every scenario for the clients named in ARGV (default all); print the checks
+    and 'N passed, N failed'; answer the exit status."""
+    wanted = set(argv if argv is not None else sys.argv[1:]) or {"claude", "codex", "gemini"}
+    clients = [client for client in (ClaudeCode(), Codex(), Gemini()) if client.name in wanted]
+    base = tempfile.mkdtemp(prefix="agora-clients-")
+    started = time.monotonic()
+    print(f"agora under test: {AGORA}; clients from {CLIENTS}", flush=True)
+    try:
+        hook_times(base)
+        for client in clients:
+            if not check(f"{client.name} is installed", client.available(),
+                         " ".join(client.program())):
+                continue
+            hooks_session(client, base)
+            if client.name == "claude":
+                claude_print_speed(client, base)
+                claude_interactive_wake(client, base)
+            for transport in ("stdio", "http"):
+                mcp_round_trip(client, base, transport)
+            shown_to_person(client, base)
+    finally:
+        left = sweep(base)
+        check("no client or hook process outlives the run", not left, left)
+        shutil.rmtree(base, ignore_errors=True)
+        note(f"clients run took {time.monotonic() - started:.0f}s")
+    return summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,22 +3,24 @@
 It records every request it receives (method, path, query, the headers of
 interest and the parsed JSON body) in memory and, when given a file, as one JSON
 line per request, so a test can check exactly what reached "the model". It
-answers from a script: a list of replies, each plain text or a tool call (or a
-list of those, for one answer with several blocks, or a function of the request
-that answers one), every one ending its turn;
-when the script runs out it answers a short "ok". It speaks three wire formats:
+answers from a script: a list of replies, each plain text, a tool call, a list of
+those (one answer with several blocks) or a function of the request that answers
+one; every reply ends its turn, and when the script runs out it answers "ok". It
+speaks three wire formats:
 
 - Anthropic Messages: `POST /v1/messages` (SSE when "stream" is true, one JSON
   message otherwise) and `POST /v1/messages/count_tokens`; Claude Code.
-- OpenAI Responses: `POST /v1/responses`, streamed as SSE; Codex.
+- OpenAI Responses: `POST /v1/responses`, streamed as SSE (text, or a
+  function_call item); Codex.
 - Gemini: `POST .../models/M:streamGenerateContent?alt=sse`, `...:generateContent`
-  and `...:countTokens`; Gemini CLI.
+  and `...:countTokens` (text and functionCall parts); Gemini CLI.
 
 Only "turn" requests consume the script: the ones a client makes to run the
 agent's conversation (an Anthropic request with tools, any Responses request, a
 Gemini streamGenerateContent). Side requests (titles, summaries, quota probes,
-next-speaker checks) are recorded too but answered "ok", so they cannot eat a
-scripted tool call. A callback registered with `before(n, fn)` runs just before
+routing and next-speaker checks) are recorded too but answered "ok" (or, when
+they ask for JSON by a schema, the smallest JSON that fits it), so they cannot
+eat a scripted tool call. A callback registered with `before(n, fn)` runs just before
 turn request n (1-based) is answered; `on_turn(fn)` runs before every one.
 
 As a module:
@@ -50,9 +52,14 @@ def text(value):
     return {"text": str(value)}
 
 
-def tool(name, arguments=None):
-    """Answer a scripted reply that calls tool NAME with ARGUMENTS (a dict)."""
-    return {"tool": name, "input": dict(arguments or {})}
+def tool(name, arguments=None, namespace=None):
+    """Answer a scripted reply that calls tool NAME with ARGUMENTS (a dict). NAMESPACE
+    is for an OpenAI Responses tool of type "namespace" (Codex puts each MCP server's
+    tools in one: namespace "mcp__agora", name "read")."""
+    reply = {"tool": name, "input": dict(arguments or {})}
+    if namespace:
+        reply["namespace"] = namespace
+    return reply
 
 
 def _blocks(reply, request=None):
@@ -436,6 +443,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 item = {"type": "function_call", "id": self.model.next_id("fc"),
                         "call_id": self.model.next_id("call"), "name": block["tool"],
                         "arguments": json.dumps(block["input"]), "status": "completed"}
+                if block.get("namespace"):
+                    item["namespace"] = block["namespace"]
                 self._event({"type": "response.output_item.added", "output_index": index,
                              "item": dict(item, arguments="", status="in_progress")},
                             "response.output_item.added")
