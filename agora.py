@@ -1265,14 +1265,37 @@ def path_matches(pattern, path):
         glob, name, "*", lambda a, b: a == b or a == "?", q_literal=True), q_literal=True)
 
 
+def literal_ends(pattern):
+    """Answer (prefix, suffix): what every path PATTERN matches starts and ends with."""
+    first = min([pattern.find(c) for c in "*?" if c in pattern] or [len(pattern)])
+    last = max(pattern.rfind("*"), pattern.rfind("?"))
+    prefix, suffix = pattern[:first], pattern[last + 1:]
+    if pattern.startswith("**", first):
+        prefix = prefix[:-1]            # a/** matches a itself
+    if last > 0 and pattern.startswith("**", last - 1):
+        suffix = suffix[1:]             # **/x matches x itself
+    return prefix, suffix
+
+
 def reservation_conflicts(patterns, exclusive, held):
     """Answer [(pattern, reservation)]: the one rule of who keeps off whose paths. A
     reservation of PATTERNS (EXCLUSIVE or shared) conflicts with a HELD reservation of
-    another agent when their patterns overlap and at least one side is exclusive."""
-    segments = {}
-    return [(pattern, other) for pattern in patterns for other in held
-            if (exclusive or other["exclusive"])
-            and patterns_overlap(pattern, other["path"], segments)]
+    another agent when their patterns overlap and at least one side is exclusive.
+
+    Two patterns whose literal ends disagree (one prefix does not begin the other, or
+    one suffix does not end the other) cannot overlap: most pairs are told apart so,
+    and only the rest are decided exactly.
+    """
+    segments, conflicts = {}, []
+    others = [(other, literal_ends(other["path"])) for other in held
+              if exclusive or other["exclusive"]]
+    for pattern in patterns:
+        prefix, suffix = literal_ends(pattern)
+        conflicts += [(pattern, other) for other, (start, end) in others
+                      if (prefix.startswith(start) or start.startswith(prefix))
+                      and (suffix.endswith(end) or end.endswith(suffix))
+                      and patterns_overlap(pattern, other["path"], segments)]
+    return conflicts
 
 
 def _reservation(row):
@@ -1689,12 +1712,14 @@ def op_news(store, caller, args, now):
     me = caller.name
     with long_poll(store, me, args["wait"]) as poll:
         while True:
-            with store.transaction(write=not args["peek"]) as db:
+            with store.transaction() as db:
                 previews, count, newest, tasks = _untold(db, me, args["tasks"], now)
-                if not args["peek"]:
-                    _mark_told(db, me, newest, ready=args["tasks"])
                 marks = tuple(db.execute(
                     f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})").fetchone())
+            if (count or tasks) and not args["peek"]:
+                with store.transaction(write=True) as db:   # again: one teller per item
+                    previews, count, newest, tasks = _untold(db, me, args["tasks"], now)
+                    _mark_told(db, me, newest, ready=args["tasks"])
             left = poll.deadline - time.monotonic()
             if count or tasks or left <= 0:
                 break

@@ -13,6 +13,10 @@ alternate agora and its floor, and the verdict is a ratio against the targets:
 - how soon a blocked read wait / news wait returns after another process posts;
 - a hook's wall time (`hook prompt` with nothing new, as `hook install` writes it)
   against python3 importing json and sqlite3 and reading one row;
+- the server's CPU while 100 read wait=60 long-polls from agents of two processes
+  sit idle;
+- a reserve of 50 patterns against 1,000 held ones, and a post made meanwhile
+  against a post alone;
 - the server's peak RSS after the load.
 
 Also reported: claim throughput under contention, a hook's wall time with news, search
@@ -141,6 +145,47 @@ def mcp_post(index, sequence):
                        "params": {"name": "post",
                                   "arguments": {"body": f"mcp message {index}-{sequence}"}}}
                       ).encode()
+
+
+IDLE_WAITERS = """
+import http.client, sys
+port, tokens = int(sys.argv[1]), sys.argv[2:]
+connections = []
+for token in tokens:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=90)
+    conn.request("POST", "/api/read", body=b'{"wait": 60}',
+                 headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    connections.append(conn)
+print("waiting", flush=True)
+for conn in connections:
+    conn.getresponse().read()
+"""
+
+
+def cpu_seconds(pid):
+    """Answer the CPU time (user and system) process PID has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def post_json(port, path, body, token):
+    """Answer (status, body) of one POST on a new connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", path, body=json.dumps(body).encode(),
+                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    answer = json.loads(response.read())
+    conn.close()
+    return response.status, answer
+
+
+def timed_post(port, token):
+    """Answer the milliseconds one post takes."""
+    began = time.perf_counter()
+    status, _ = post_json(port, "/api/post", {"body": f"timed {began}"}, token)
+    assert status == 200, status
+    return (time.perf_counter() - began) * 1000
 
 
 def peak_rss_mb(pid):
@@ -286,6 +331,63 @@ def main():
             agora.call(store, "post", {"body": f"for the hook {i}"}, agora.Caller("waker", True))
             told.append(wall(lambda i: hook, runs=1, env=person))
         notes.append(f"hook prompt wall time with news: median {statistics.median(told):.0f} ms")
+
+        # What idle waiters cost: 100 read wait=60 long-polls, of 100 agents in two
+        # processes, sitting idle while the server's CPU time is read.
+        waiter_tokens = [mint(f"idle{i}") for i in range(100)]
+        waiters = [subprocess.Popen([sys.executable, "-c", IDLE_WAITERS, str(port), *half],
+                                    stdout=subprocess.PIPE, text=True)
+                   for half in (waiter_tokens[:50], waiter_tokens[50:])]
+        for waiter in waiters:
+            waiter.stdout.readline()            # its long-polls are sent
+        time.sleep(1)
+        began, cpu = time.monotonic(), cpu_seconds(server.pid)
+        time.sleep(5)
+        idle_share = (cpu_seconds(server.pid) - cpu) / (time.monotonic() - began) * 100
+        rows.append(("server CPU, 100 idle long-polls (% of a core)", idle_share, None,
+                     "<= 2 %", lambda value: value <= 2))
+        agora.call(store, "post", {"body": "wake, all of you"}, agora.Caller("waker", True))
+        for waiter in waiters:
+            waiter.communicate(timeout=30)
+
+        # Reservations: a reserve of 50 patterns against 1,000 held by five agents (200
+        # each, the most one may hold in a project), while another agent posts.
+        for k in range(5):
+            for first in range(0, 200, 50):
+                agora.call(store, "reserve", {"paths": [f"**/team{k}/m{i}/*.py" for i in
+                                                        range(first, first + 50)]},
+                           agora.Caller(f"holder{k}", True))
+        wide = [f"src/part{i}/**" for i in range(50)]
+        reserves, posts_during, posts_alone = [], [], []
+        for _ in range(ROUNDS):
+            posts_alone.append(timed_post(port, token))
+            done = threading.Event()
+
+            def post_meanwhile():
+                while not done.is_set():
+                    posts_during.append(timed_post(port, token))
+            poster = threading.Thread(target=post_meanwhile)
+            poster.start()
+            began = time.perf_counter()
+            status, _ = post_json(port, "/api/reserve", {"paths": wide, "lease": 60}, token)
+            reserves.append((time.perf_counter() - began) * 1000)
+            done.set()
+            poster.join()
+            assert status == 200, status
+        rows.append(("reserve of 50 against 1,000 held (ms)", statistics.median(reserves),
+                     None, "<= 1000 ms", lambda value: value <= 1000))
+        rows.append(("post while a reserve is checked (ms)", statistics.median(posts_during),
+                     statistics.median(posts_alone), "ratio <= 3.00", lambda r: r <= 3))
+        hostile = "**/" + "*?" * 4 + "*Z"       # ten wildcards, the most a pattern may hold
+        agora.call(store, "reserve", {"paths": hostile, "project": "hostile"},
+                   agora.Caller("mallory", True))
+        guard = [sys.executable, AGORA, "guard", "a/" + "b" * 200, "--project", "hostile",
+                 "--as", "victim", "--db", db]
+        plain = [sys.executable, AGORA, "guard", "a/" + "b" * 200, "--project", "none",
+                 "--as", "victim", "--db", db]
+        notes.append(f"guard of a 200-character path against a ten-wildcard pattern: "
+                     f"{wall(lambda i: guard, runs=5):.0f} ms (against none: "
+                     f"{wall(lambda i: plain, runs=5):.0f} ms)")
         store.close()
         rss = peak_rss_mb(server.pid)
         rows.append(("server peak RSS after the load (MB)", rss, None, "<= 50 MB",

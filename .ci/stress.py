@@ -311,12 +311,132 @@ def slow_clients(work):
           f"({agora.Server.request_timeout} s)", cut == 50)
 
 
+def this_machines_address():
+    """Answer an address of this machine that is not loopback (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("198.51.100.1", 9))
+        return probe.getsockname()[0]
+
+
+def crowds(work):
+    """One address opens 120 connections, each a long-poll of one of three agents: past 64
+    connections it is refused at once, past 16 long-polls an agent answers at once, and
+    everyone else is served promptly meanwhile."""
+    db = os.path.join(work, "crowd.db")
+    address = this_machines_address()
+    server, port = serve(db, "--addr", "0.0.0.0:0", "--open", "--allow-host", address,
+                         "--allow-host", "127.0.0.1")
+    tokens = [mint_token(db, f"waiter{i}") for i in range(3)]
+    poster = mint_token(db, "poster")
+    sockets = []
+    for i in range(120):
+        sock = socket.create_connection((address, port), timeout=30)
+        body = b'{"wait": 8}'
+        sock.sendall(f"POST /api/read HTTP/1.1\r\nHost: {address}:{port}\r\nAuthorization: "
+                     f"Bearer {tokens[i % 3]}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        sockets.append(sock)
+
+    def answer(sock, seconds):
+        sock.settimeout(seconds)
+        data = b""
+        try:
+            while not (b"\r\n\r\n" in data and len(data.split(b"\r\n\r\n", 1)[1]) >= int(
+                    data.split(b"Content-Length: ", 1)[1].split(b"\r\n")[0])):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except (OSError, IndexError, ValueError):
+            pass
+        return data
+    time.sleep(1.5)             # what is refused or capped has answered by now
+    import select
+    readable = set(select.select(sockets, [], [], 0)[0])
+    quick = [answer(sock, 2) if sock in readable else b"" for sock in sockets]
+    refused = sum(1 for data in quick if data.startswith(b"HTTP/1.1 503"))
+    capped = sum(1 for data in quick if data.startswith(b"HTTP/1.1 200"))    # not waited
+    latencies = []
+    for i in range(30):
+        began = time.perf_counter()
+        status, _ = request(port, "POST", "/api/post", {"body": f"news {i}"}, poster)
+        latencies.append((time.perf_counter() - began) * 1000)
+        assert status == 200, status
+    later = [answer(sock, 15) if not data else data for sock, data in zip(sockets, quick)]
+    for sock in sockets:
+        sock.close()
+    log = stop_server(server)
+    served = sum(1 for data in later if data.startswith(b"HTTP/1.1 200"))
+    check(f"crowds: of 120 connections from one address, {refused} refused at once (past 64)",
+          refused == 56, str(refused))
+    check(f"crowds: of 64 long-polls of three agents, {capped} answered at once (past 16 an "
+          "agent), the rest woken or timed out", capped == 64 - 3 * 16 and served == 64,
+          f"{capped} capped, {served} answered 200")
+    check(f"crowds: meanwhile 30 posts over loopback in median "
+          f"{statistics.median(latencies):.1f} ms (max {max(latencies):.0f} ms)",
+          statistics.median(latencies) < 100 and max(latencies) < 2000)
+    check("crowds: no traceback in the server log", "Traceback" not in log, log[-300:])
+
+
+RESERVER = """
+import http.client, json, sys, time
+port, token, agent = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+worst, granted, deadline = 0.0, 0, time.monotonic() + 6
+for round in range(1000):
+    if time.monotonic() > deadline:
+        break
+    paths = [f"{agent}/r{round % 4}/p{i}/**/*.py" for i in range(50)]
+    began = time.monotonic()
+    conn.request("POST", "/api/reserve", body=json.dumps({"paths": paths, "lease": 60}),
+                 headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    response = conn.getresponse()
+    response.read()
+    worst = max(worst, time.monotonic() - began)
+    granted += response.status == 200
+print(json.dumps({"worst": worst, "granted": granted}))
+"""
+
+
+def reserve_flood(work):
+    """Five agents flood reserves of wildcard patterns up to the cap while another posts."""
+    db = os.path.join(work, "reserve.db")
+    server, port = serve(db)
+    agents = [f"flood{i}" for i in range(5)]
+    flooders = [subprocess.Popen([sys.executable, "-c", RESERVER, str(port),
+                                  mint_token(db, agent), agent], stdout=subprocess.PIPE,
+                                 text=True) for agent in agents]
+    poster = mint_token(db, "poster")
+    latencies = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        began = time.perf_counter()
+        status, _ = request(port, "POST", "/api/post", {"body": f"post {len(latencies)}"},
+                            poster)
+        latencies.append((time.perf_counter() - began) * 1000)
+        assert status == 200, status
+    reports = [json.loads(flooder.communicate(timeout=60)[0]) for flooder in flooders]
+    status, held = request(port, "POST", "/api/reservations", {"limit": 200}, poster)
+    log = stop_server(server)
+    worst = max(report["worst"] for report in reports)
+    check(f"reserve flood: {sum(r['granted'] for r in reports)} reserves of 50 patterns by 5 "
+          f"agents, worst {worst * 1000:.0f} ms", worst < 2.0, str(reports))
+    check(f"reserve flood: meanwhile {len(latencies)} posts in median "
+          f"{statistics.median(latencies):.1f} ms (max {max(latencies):.0f} ms)",
+          statistics.median(latencies) < 100 and max(latencies) < 2000)
+    check("reserve flood: no agent holds more than 200 live reservations in a project",
+          status == 200 and max(sum(1 for r in held["reservations"] if r["agent"] == agent)
+                                for agent in agents) <= 200, str(status))
+    check("reserve flood: no traceback in the server log", "Traceback" not in log, log[-300:])
+
+
 def main():
     """Run every stress check; answer the exit status."""
     work = tempfile.mkdtemp(prefix="agora-stress-")
     began = time.monotonic()
     try:
-        for run in (claim_races, inbox_drains, kill_nine, fuzz_http, slow_clients):
+        for run in (claim_races, inbox_drains, kill_nine, fuzz_http, slow_clients, crowds,
+                    reserve_flood):
             run(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
