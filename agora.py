@@ -75,9 +75,9 @@ PATTERN_RULES = {
     A2A_PAGE_TOKEN: "a page token this server gave",
 }
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 NEWEST_MESSAGE = "SELECT coalesce(max(id), 0) FROM messages"
-NEWEST_READY = "SELECT coalesce(max(ready_seq), 0) FROM tasks"
+NEWEST_READY = "SELECT value FROM counters WHERE name = 'ready'"
 
 SCHEMA = """
 CREATE TABLE agents (
@@ -260,6 +260,34 @@ CREATE INDEX reservations_by_agent ON reservations (agent, expires);
     6: """
 DROP INDEX messages_by_channel;
 CREATE INDEX messages_by_channel ON messages (channel, id, sender);
+""",
+    # Held delivery: a cursor whose acked_id is set holds the messages past it, up to
+    # last_id, for its reader until held_until; acked_past lists those past it acked
+    # out of turn (final: never given again); redelivered counts how often those up
+    # to redo_upto came before. A direct message may ask for an acknowledgement
+    # (asks_ack), which receipts follow. told_lease: leases news has told ran out.
+    # The ready sequence moves on in counters, as tasks leave and rejoin the ready.
+    7: """
+ALTER TABLE cursors ADD COLUMN acked_id INTEGER;
+ALTER TABLE cursors ADD COLUMN held_until INTEGER;
+ALTER TABLE cursors ADD COLUMN redo_upto INTEGER;
+ALTER TABLE cursors ADD COLUMN redelivered INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE cursors ADD COLUMN acked_past TEXT;
+ALTER TABLE messages ADD COLUMN asks_ack INTEGER;
+CREATE TABLE receipts (
+    message_id INTEGER PRIMARY KEY,
+    sender TEXT NOT NULL,
+    recipient TEXT NOT NULL,
+    asked INTEGER NOT NULL,
+    acked INTEGER
+);
+CREATE INDEX receipts_asked_of ON receipts (recipient, message_id) WHERE acked IS NULL;
+CREATE INDEX receipts_awaited_by ON receipts (sender, asked) WHERE acked IS NULL;
+ALTER TABLE agents ADD COLUMN told_lease INTEGER NOT NULL DEFAULT 0;
+UPDATE agents SET told_lease = CAST(strftime('%s', 'now') AS INTEGER);
+CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+INSERT INTO counters VALUES ('ready', (SELECT coalesce(max(ready_seq), 0) FROM tasks));
+UPDATE tasks SET ready_seq = NULL WHERE status != 'open';
 """,
 }
 
@@ -993,16 +1021,27 @@ def mailbox(name):
     return "@" + name
 
 
-def _message(row):
-    return {key: row[key] for key in ("id", "channel", "sender", "body", "reply_to", "ts")}
+def _message(row, redelivered=0):
+    """Answer the record of a message row; REDELIVERED: how often it was given before."""
+    message = {key: row[key] for key in ("id", "channel", "sender", "body", "reply_to", "ts")}
+    if row["asks_ack"]:
+        message["ack"] = True
+    if redelivered:
+        message["redelivered"] = redelivered
+    return message
 
 
 def _message_line(message, now):
     reply = f" ↳#{message['reply_to']}" if message["reply_to"] else ""
-    read = " ✓read" if message.get("read") else ""
+    marks = "".join(mark for key, mark in (("read", " ✓read"), ("acked", " ✓acked"))
+                    if message.get(key))
+    if message.get("ack") and "acked" not in message:
+        marks += " [ack?]"
+    if message.get("redelivered"):
+        marks += f" [given again: {message['redelivered']}]"
     body = message["body"].replace("\n", "\n    ")
     return (f"#{message['id']} {message['channel']} {message['sender']} "
-            f"{age(now - message['ts'])}{reply}{read}: {body}")
+            f"{age(now - message['ts'])}{reply}{marks}: {body}")
 
 
 # The board's one rule of time: a claimed task whose lease ran out counts as
@@ -1021,6 +1060,11 @@ OPEN_TASK = f"status IN ('open', 'claimed') AND {TASK_STATE} = 'open'"
 READY_TASK = f"{OPEN_TASK} AND NOT {WAITING}"
 BLOCKED_TASK = f"{OPEN_TASK} AND {WAITING}"
 HELD_TASK = f"status = 'claimed' AND {TASK_STATE} = 'claimed'"
+# A task became ready to claim since an agent was told (:told, a ready_seq, and
+# :told_lease, a time): numbered by became_ready when a write makes it so, or put back
+# by its lease running out, which the lease itself says. With READY_TASK: still ready.
+NEWLY_READY = ("(ready_seq > :told OR status = 'claimed' AND lease_until > :told_lease "
+               "AND lease_until <= :now)")
 
 
 def _ids(text):
@@ -1114,8 +1158,8 @@ def _follow(db, agent, channel):
 def _create_agent(db, name, now, about="", token_hash=None):
     """Create agent NAME, following public and told up to now (as a follower reads from now)."""
     db.execute(f"INSERT INTO agents (name, about, token_hash, created, seen, told_id, "
-               f"told_ready) VALUES (?, ?, ?, ?, ?, ({NEWEST_MESSAGE}), ({NEWEST_READY}))",
-               (name, about, token_hash, now, now))
+               f"told_ready, told_lease) VALUES (?, ?, ?, ?, ?, ({NEWEST_MESSAGE}), "
+               f"({NEWEST_READY}), ?)", (name, about, token_hash, now, now, now))
     db.execute("INSERT INTO cursors (agent, channel, following, last_id) VALUES (?, ?, 1, 0)",
                (name, mailbox(name)))
     _follow(db, name, "public")
@@ -1138,39 +1182,76 @@ def _tell(db, agent, text, now):
                (mailbox(agent), SYSTEM_SENDER, text, now))
 
 
-def _unread(db, me, after=0):
-    """Answer ({channel: unread count}, the newest unread id) over the caller's mailbox and
-    followed channels; with AFTER, of the unread messages past that id only.
+# Where a reader's cursor stands: past what it was given, except that the messages of
+# a hold that ran out (past acked_id) are to be given again. The one rule of "unread
+# for me", with UNREAD_FOR_ME: in my mailbox or a channel I follow, past where my
+# cursor stands, not written by me.
+READ_FROM = "(CASE WHEN c.held_until <= :now THEN c.acked_id ELSE c.last_id END)"
+MY_CURSORS = "c.agent = :me AND c.following = 1"
+UNREAD_FOR_ME = (f"m.channel = c.channel AND m.id > max({READ_FROM}, :after) AND m.sender != :me "
+                 "AND (c.acked_past IS NULL OR instr(',' || c.acked_past || ',', "
+                 "',' || m.id || ',') = 0)")
 
-    A count stops at COUNT_CAP (count_text then says "200+"), so what it costs does
-    not grow with how far behind a reader is.
-    """
-    counts, newest = {}, 0
-    for channel, last_id in db.execute(
-            "SELECT channel, max(last_id, ?) FROM cursors WHERE agent = ? AND following = 1 "
-            "ORDER BY channel", (after, me)).fetchall():
-        count, top = db.execute(
-            "SELECT count(*), max(id) FROM (SELECT id FROM messages WHERE channel = ? AND "
-            "id > ? AND sender != ? ORDER BY id DESC LIMIT ?)",
-            (channel, last_id, me, COUNT_CAP)).fetchone()
+Counts = namedtuple("Counts", "channels total capped newest")
+Counts.__doc__ = """Messages counted per channel ({channel: n}), their TOTAL, whether a
+channel's count stopped at COUNT_CAP (then the total is a lower bound), the newest id."""
+
+
+def count_text(count, capped=None):
+    """Answer a COUNT as said to an agent, "200+" when it is a lower bound: when CAPPED, or
+    (not given) when a single count reached COUNT_CAP."""
+    return f"{count}+" if (count >= COUNT_CAP if capped is None else capped) else str(count)
+
+
+def _count(db, channel, after, upto, me, skip=""):
+    """Answer (how many of CHANNEL's messages past AFTER up to UPTO are not ME's nor in
+    SKIP (ids, comma-separated), up to COUNT_CAP; the newest of them): a count whose cost
+    does not grow past the cap."""
+    skipped = _ids(skip)
+    return db.execute(
+        "SELECT count(*), max(id) FROM (SELECT id FROM messages WHERE channel = ? AND id > ? "
+        f"AND id <= ? AND sender != ? AND id NOT IN ({','.join('?' * len(skipped))}) "
+        "ORDER BY id DESC LIMIT ?)", (channel, after, upto, me, *skipped, COUNT_CAP)).fetchone()
+
+
+def _unread(db, me, now, after=0):
+    """Answer the Counts of what is unread for ME (UNREAD_FOR_ME); with AFTER, of the
+    unread messages past that id only."""
+    channels, newest = {}, 0
+    for channel, position, skip in db.execute(
+            f"SELECT c.channel, max({READ_FROM}, :after), c.acked_past FROM cursors c "
+            f"WHERE {MY_CURSORS} ORDER BY c.channel",
+            {"me": me, "now": now, "after": after}).fetchall():
+        count, top = _count(db, channel, position, 2 ** 63 - 1, me, skip)
         if count:
-            counts[channel], newest = count, max(newest, top)
-    return counts, newest
+            channels[channel], newest = count, max(newest, top)
+    return Counts(channels, sum(channels.values()),
+                  any(n >= COUNT_CAP for n in channels.values()), newest)
 
 
-def count_text(count):
-    """Answer an unread COUNT as said to an agent: from COUNT_CAP on it is a lower bound."""
-    return f"{count}+" if count >= COUNT_CAP else str(count)
+def _held(db, me, now):
+    """Answer (the Counts of messages held for ME, when the next hold runs out or None)."""
+    channels, back = {}, None
+    for channel, acked, last, until, skip in db.execute(
+            "SELECT c.channel, c.acked_id, c.last_id, c.held_until, c.acked_past FROM cursors c "
+            "WHERE c.agent = :me AND c.held_until > :now", {"me": me, "now": now}).fetchall():
+        count, _ = _count(db, channel, acked, last, me, skip)
+        if count:
+            channels[channel] = count
+            back = until if back is None else min(back, until)
+    return Counts(channels, sum(channels.values()),
+                  any(n >= COUNT_CAP for n in channels.values()), 0), back
 
 
-def _mark_told(db, me, message_id=None, ready=False):
+def _mark_told(db, me, now, message_id=None, ready=False):
     """Record that ME has been told of messages up to MESSAGE_ID, and (READY) of every
-    task that became ready so far: news will not report them again."""
+    task that became ready so far (NEWLY_READY): news will not report them again."""
     if message_id:
         db.execute("UPDATE agents SET told_id = max(told_id, ?) WHERE name = ?",
                    (message_id, me))
     if ready:
-        db.execute(f"UPDATE agents SET told_ready = ({NEWEST_READY}) WHERE name = ?", (me,))
+        db.execute(f"UPDATE agents SET told_ready = ({NEWEST_READY}), told_lease = ? "
+                   "WHERE name = ?", (now, me))
 
 
 # Path reservations: glob patterns of relative paths. A segment is a glob in which
@@ -1372,6 +1453,31 @@ def op_join(store, caller, args, now):
 QUIET_HINT = f"all quiet: read wait={MAX_WAIT} waits for mail"
 
 
+def _acks(db, me, now):
+    """Answer what waits on acknowledgements for ME: requests asked of it, messages held
+    for it (and when the next comes back), and its own requests still unanswered."""
+    asked = db.execute("SELECT count(*) FROM receipts WHERE recipient = ? AND acked IS NULL",
+                       (me,)).fetchone()[0]
+    held, back = _held(db, me, now)
+    awaiting, oldest = db.execute("SELECT count(*), min(asked) FROM receipts WHERE sender = ? "
+                                  "AND acked IS NULL", (me,)).fetchone()
+    return {"asked": asked, "held": held.total, "back": back, "awaiting": awaiting,
+            "oldest": oldest}
+
+
+def acks_lines(acks, now):
+    """Answer the brief's lines about acknowledgements (none when nothing waits)."""
+    lines = []
+    if acks["asked"]:
+        lines.append(f"asked to acknowledge: {acks['asked']} (ack ids=... once done)")
+    if acks["held"]:
+        lines.append(f"held for you: {count_text(acks['held'])}, the first back in "
+                     f"{age(acks['back'] - now)} unless acked (ack upto=ID)")
+    if acks["awaiting"]:
+        lines.append(f"awaiting acks: {acks['awaiting']}, oldest {age(now - acks['oldest'])}")
+    return lines
+
+
 @operation("brief", "Start here, and whenever you wake: unread counts, what you hold, "
            "ready tasks, notes changed since your last brief.",
            {"status": _string(0, 200, "what you are doing")})
@@ -1384,8 +1490,8 @@ def op_brief(store, caller, args, now):
         agent = db.execute("SELECT status, briefed FROM agents WHERE name = ?",
                            (me,)).fetchone()
         db.execute("UPDATE agents SET briefed = ? WHERE name = ?", (now, me))
-        unread, newest_unread = _unread(db, me)
-        _mark_told(db, me, newest_unread, ready=True)
+        unread = _unread(db, me, now)
+        _mark_told(db, me, now, unread.newest, ready=True)
         held = [_task(row) for row in db.execute(
             f"{TASK_ROWS} WHERE owner = :me AND {HELD_TASK} ORDER BY lease_until",
             {"me": me, "now": now})]
@@ -1401,9 +1507,10 @@ def op_brief(store, caller, args, now):
         reserved = [_reservation(row) for row in db.execute(
             f"SELECT * FROM reservations WHERE agent = :me AND {LIVE_RESERVATION} "
             "ORDER BY project, path", {"me": me, "now": now})]
-    total = sum(unread.values())
+        acks = _acks(db, me, now)
+    total = unread.total
     if total:
-        hint = f"read: {count_text(total)} new message{'s' if total != 1 else ''}"
+        hint = f"read: {count_text(total, unread.capped)} new message{'s' if total != 1 else ''}"
     elif held:
         hint = (f"work on #{held[0]['id']}; done id={held[0]['id']} result=... when "
                 f"finished, extend id={held[0]['id']} if you need longer")
@@ -1414,8 +1521,9 @@ def op_brief(store, caller, args, now):
     lines = [f"{me}: {agent['status']}" if agent["status"]
              else f"{me} (no status; brief status=... sets one)"]
     if total:
-        lines.append(f"unread {count_text(total)}: " + ", ".join(
-            f"{ch} {count_text(n)}" for ch, n in unread.items()))
+        lines.append(f"unread {count_text(total, unread.capped)}: " + ", ".join(
+            f"{ch} {count_text(n)}" for ch, n in unread.channels.items()))
+    lines += acks_lines(acks, now)
     lines += [f"holding {_task_line(task, now)}" for task in held]
     lines += [f"reserved {_reservation_line(r, now)}" for r in reserved]
     if open_count or blocked:
@@ -1426,8 +1534,8 @@ def op_brief(store, caller, args, now):
         lines.append("notes changed: " + ", ".join(
             f"{_note_name(n)} v{n['version']} by {n['author']}" for n in changed))
     lines.append(f"next: {hint}")
-    body = {"agent": me, "unread": {"total": total, "channels": unread}, "held": held,
-            "reserved": reserved,
+    body = {"agent": me, "unread": {"total": total, "channels": unread.channels},
+            "held": held, "reserved": reserved, "acks": acks,
             "open": {"count": open_count, "blocked": blocked, "top": top},
             "notes_changed": changed,
             "hint": hint}
@@ -1476,7 +1584,7 @@ def op_channels(store, caller, args, now):
             "SELECT ch.*, coalesce(c.following, 0) AS following FROM channels ch "
             "LEFT JOIN cursors c ON c.channel = ch.name AND c.agent = ? ORDER BY ch.name",
             (me,)).fetchall()
-        unread, _ = _unread(db, me)
+        unread = _unread(db, me, now).channels
     channels = [{"name": r["name"], "about": r["about"], "created_by": r["created_by"],
                  "created": r["created"], "count": r["count"],
                  "following": bool(r["following"]), "unread": unread.get(r["name"], 0)}
@@ -1548,7 +1656,7 @@ def _visible_message(db, message_id, me):
 
 # The identical post by the same sender within DEDUP_SECONDS (one index probe).
 SAME_POST = ("sender = :sender AND digest = :digest AND ts >= :since AND channel = :channel "
-             "AND body = :body AND reply_to IS :reply_to")
+             "AND body = :body AND reply_to IS :reply_to AND asks_ack IS :asks_ack")
 
 
 @operation("post", "Post to a channel (default public), or direct mail with to=AGENT. "
@@ -1557,7 +1665,8 @@ SAME_POST = ("sender = :sender AND digest = :digest AND ts >= :since AND channel
             "channel": _string(description="default public",
                                pattern=CHANNEL_OR_MAILBOX),
             "to": _string(description="an agent: direct mail", pattern=SLUG),
-            "reply_to": dict(ID, description="the message answered")},
+            "reply_to": dict(ID, description="the message answered"),
+            "ack": dict(FLAG, description="direct mail: ask the recipient to acknowledge")},
            required=["body"])
 def op_post(store, caller, args, now):
     """Store one message, or answer the identical one posted moments ago."""
@@ -1566,6 +1675,9 @@ def op_post(store, caller, args, now):
         raise BadRequest("give channel or to, not both")
     if channel is not None and channel.startswith("@"):
         to = channel[1:]
+    if args["ack"] and to is None:
+        raise BadRequest("ack asks one recipient to acknowledge: it goes with direct mail",
+                         hint="post to=AGENT ack=true")
     # Agents, channels and messages are never deleted, so these checks need not
     # hold the write lock: what exists now still exists at the insert. A channel's
     # existence is checked by the insert itself: a post is one statement.
@@ -1578,11 +1690,13 @@ def op_post(store, caller, args, now):
     channel = mailbox(to) if to is not None else channel or "public"
     same = {"channel": channel, "sender": me, "body": args["body"],
             "reply_to": args["reply_to"], "now": now, "since": now - DEDUP_SECONDS,
-            "digest": _digest(channel, args["body"], args["reply_to"])}
+            "digest": _digest(channel, args["body"], args["reply_to"]),
+            "asks_ack": 1 if args["ack"] else None, "to": to}
     with store.transaction(write=True) as db:
         inserted = db.execute(
-            "INSERT INTO messages (channel, sender, body, reply_to, ts, digest) "
-            "SELECT :channel, :sender, :body, :reply_to, :now, :digest WHERE NOT EXISTS "
+            "INSERT INTO messages (channel, sender, body, reply_to, ts, digest, asks_ack) "
+            "SELECT :channel, :sender, :body, :reply_to, :now, :digest, :asks_ack "
+            "WHERE NOT EXISTS "
             f"(SELECT 1 FROM messages WHERE {SAME_POST}) AND (substr(:channel, 1, 1) = '@' "
             "OR EXISTS (SELECT 1 FROM channels WHERE name = :channel))", same)
         if not inserted.rowcount:
@@ -1594,8 +1708,12 @@ def op_post(store, caller, args, now):
                           f"#{row['id']} was already posted to {channel} "
                           f"{age(now - row['ts'])} ago; not stored twice")
         message_id = inserted.lastrowid
+        if args["ack"]:
+            db.execute("INSERT INTO receipts (message_id, sender, recipient, asked) "
+                       "VALUES (?, ?, ?, ?)", (message_id, me, to, now))
+    asked = f"; {to} is asked to acknowledge it" if args["ack"] else ""
     return Result(200, {"id": message_id, "channel": channel, "dup": False},
-                  f"posted #{message_id} to {channel}")
+                  f"posted #{message_id} to {channel}{asked}")
 
 
 LongPoll = namedtuple("LongPoll", "deadline capped")
@@ -1621,48 +1739,90 @@ def waited_text(wait, poll):
     return f"nothing new after waiting {wait}s"
 
 
-def _deliver(db, me, limit):
-    """Take up to LIMIT unread messages for ME, oldest first, and move the cursors."""
-    cursors = db.execute("SELECT channel, last_id FROM cursors "
-                         "WHERE agent = ? AND following = 1", (me,)).fetchall()
+def _deliver(db, me, limit, now, hold=0):
+    """Give ME up to LIMIT unread messages, oldest first, moving its cursors past them;
+    answer (the messages, the Counts of what remains when some does).
+
+    Invariant, per cursor: what lies at or below acked_id (with no hold, last_id) was
+    given for good, and so was each id in acked_past (acked out of turn); what else lies
+    past acked_id up to last_id is held for whoever got it, until held_until. A read
+    first takes back every hold that ran out, so its messages are given again (counted
+    in redelivered, up to redo_upto); what it gives is then held when it asks to HOLD,
+    or when a hold is under way on that cursor (the hold then lasts as long as its
+    longest), and given for good otherwise. It runs in the caller's write transaction,
+    so a message is in one reader's hands at a time, and its work grows with how many
+    readers ack out of turn, not with how much is held.
+    """
+    where = {"me": me, "now": now, "until": now + hold}
+    db.execute("UPDATE cursors SET redo_upto = max(coalesce(redo_upto, 0), last_id), "
+               "redelivered = redelivered + 1, last_id = acked_id, acked_id = NULL, "
+               "held_until = NULL WHERE agent = :me AND held_until <= :now", where)
+    cursors = {row["channel"]: row for row in db.execute(
+        "SELECT * FROM cursors WHERE agent = :me AND following = 1", where)}
     batch = []
-    for channel, last_id in cursors:
-        batch += db.execute("SELECT * FROM messages WHERE channel = ? AND id > ? "
-                            "AND sender != ? ORDER BY id LIMIT ?",
-                            (channel, last_id, me, limit + 1)).fetchall()
+    for channel, cursor in cursors.items():
+        final = _ids(cursor["acked_past"])
+        batch += db.execute("SELECT * FROM messages WHERE channel = ? AND id > ? AND sender != ? "
+                            f"AND id NOT IN ({','.join('?' * len(final))}) ORDER BY id LIMIT ?",
+                            (channel, cursor["last_id"], me, *final, limit + 1)).fetchall()
     batch.sort(key=lambda row: row["id"])
-    delivered = [_message(row) for row in batch[:limit]]
-    newest = {}
-    for message in delivered:
-        newest[message["channel"]] = message["id"]
-    db.executemany("UPDATE cursors SET last_id = ? WHERE agent = ? AND channel = ?",
-                   [(last_id, me, channel) for channel, last_id in newest.items()])
-    remaining = sum(_unread(db, me)[0].values()) if len(batch) > limit else 0
+    delivered, newest = [], {}
+    for row in batch[:limit]:
+        cursor = cursors[row["channel"]]
+        again = row["id"] <= (cursor["redo_upto"] or 0)
+        delivered.append(_message(row, cursor["redelivered"] if again else 0))
+        newest[row["channel"]] = row["id"]
+    for channel, last_id in newest.items():
+        if hold or cursors[channel]["acked_id"] is not None:
+            db.execute("UPDATE cursors SET last_id = :last, acked_id = coalesce(acked_id, "
+                       "last_id), held_until = max(coalesce(held_until, 0), :until) "
+                       "WHERE agent = :me AND channel = :channel",
+                       dict(where, last=last_id, channel=channel))
+        else:
+            past = ",".join(str(i) for i in _ids(cursors[channel]["acked_past"]) if i > last_id)
+            db.execute("UPDATE cursors SET last_id = :last, redelivered = CASE WHEN :last >= "
+                       "coalesce(redo_upto, 0) THEN 0 ELSE redelivered END, redo_upto = CASE "
+                       "WHEN :last >= coalesce(redo_upto, 0) THEN NULL ELSE redo_upto END, "
+                       "acked_past = :past WHERE agent = :me AND channel = :channel",
+                       dict(where, last=last_id, channel=channel, past=past or None))
+    remaining = _unread(db, me, now) if len(batch) > limit else Counts({}, 0, False, 0)
     return delivered, remaining
 
 
+HOLD = _integer(0, 86400, "seconds until unacked messages come back", default=0)
+
+
 @operation("read", "Deliver your new messages (mailbox, followed channels) once each, "
-           "oldest first; wait blocks until some arrive.",
-           {"limit": LIMIT,
-            "wait": _integer(0, MAX_WAIT, "seconds", default=0)})
+           "oldest first; wait blocks until some arrive; hold keeps them coming back "
+           "until you ack.",
+           {"limit": LIMIT, "wait": _integer(0, MAX_WAIT, "seconds", default=0),
+            "hold": HOLD})
 def op_read(store, caller, args, now):
     """Deliver unread messages, waiting up to WAIT seconds for the first one."""
+    started, hold = time.monotonic(), args["hold"]
     with long_poll(store, caller.name, args["wait"]) as poll:
         while True:
+            at = now + int(time.monotonic() - started)
             with store.transaction(write=True) as db:
-                messages, remaining = _deliver(db, caller.name, args["limit"])
+                messages, remaining = _deliver(db, caller.name, args["limit"], at, hold)
                 newest = _newest_id(db)
             left = poll.deadline - time.monotonic()
             if messages or left <= 0:
                 break
             store.wait(lambda: store.marks()[0] > newest, left)
     lines = [_message_line(message, now) for message in messages]
-    if remaining:
-        lines.append(f"({count_text(remaining)} more waiting: read again)")
+    body = {"messages": messages, "remaining": remaining.total}
+    if remaining.total:
+        lines.append(f"({count_text(remaining.total, remaining.capped)} more waiting: "
+                     "read again)")
+    if hold and messages:
+        upto = max(message["id"] for message in messages)
+        body["held"] = {"until": at + hold, "upto": upto}
+        lines.append(f"(held for {age(hold)}: ack upto={upto} when done, or they come back)")
     if not messages:
         lines.append(waited_text(args["wait"], poll) if args["wait"]
                      else f"nothing new (read wait={MAX_WAIT} waits for mail)")
-    return Result(200, {"messages": messages, "remaining": remaining}, "\n".join(lines))
+    return Result(200, body, "\n".join(lines))
 
 
 NEWS_PREVIEWS = 5          # messages news shows; its count covers the rest
@@ -1670,35 +1830,36 @@ PREVIEW_LENGTH = 120
 
 
 def _untold(db, me, with_tasks, now):
-    """Answer (previews, count, newest id, ready tasks) of what ME has not been told."""
-    told_id, told_ready = db.execute("SELECT told_id, told_ready FROM agents WHERE name = ?",
-                                     (me,)).fetchone()
-    counts, newest = _unread(db, me, after=told_id)
+    """Answer (previews, their Counts, ready tasks) of what ME has not been told yet."""
+    told_id, told_ready, told_lease = db.execute(
+        "SELECT told_id, told_ready, told_lease FROM agents WHERE name = ?", (me,)).fetchone()
+    counts = _unread(db, me, now, after=told_id)
     previews = []
-    if counts:
+    if counts.total:
         rows = db.execute(
-            "SELECT m.* FROM cursors c JOIN messages m ON m.channel = c.channel "
-            "AND m.id > max(c.last_id, :told) AND m.sender != :me "
-            "WHERE c.agent = :me AND c.following = 1 ORDER BY m.id LIMIT :limit",
-            {"me": me, "told": told_id, "limit": NEWS_PREVIEWS}).fetchall()
-        previews = [{"id": row["id"], "channel": row["channel"], "sender": row["sender"],
-                     "reply_to": row["reply_to"], "ts": row["ts"],
-                     "preview": clip(row["body"], PREVIEW_LENGTH)} for row in rows]
+            f"SELECT m.* FROM cursors c JOIN messages m ON {UNREAD_FOR_ME} WHERE {MY_CURSORS} "
+            "ORDER BY m.id LIMIT :limit",
+            {"me": me, "now": now, "after": told_id, "limit": NEWS_PREVIEWS}).fetchall()
+        previews = [dict({key: row[key] for key in ("id", "channel", "sender", "reply_to",
+                                                    "ts")},
+                         preview=clip(row["body"], PREVIEW_LENGTH),
+                         **({"ack": True} if row["asks_ack"] else {})) for row in rows]
     tasks = []
     if with_tasks:
         tasks = [_task(row) for row in db.execute(
-            f"{TASK_ROWS} WHERE ready_seq > :told AND {READY_TASK} AND poster != :me "
-            "ORDER BY ready_seq LIMIT :limit",
-            {"told": told_ready, "me": me, "now": now, "limit": NEWS_PREVIEWS})]
-    return previews, sum(counts.values()), newest, tasks
+            f"{TASK_ROWS} WHERE {NEWLY_READY} AND {READY_TASK} AND poster != :me "
+            "ORDER BY id LIMIT :limit",
+            {"told": told_ready, "told_lease": told_lease, "me": me, "now": now,
+             "limit": NEWS_PREVIEWS})]
+    return previews, counts, tasks
 
 
-def news_summary(previews, count, tasks, now):
-    """Answer news as text: a line per preview as read writes them, then the ready tasks."""
+def news_summary(previews, count, tasks, now, capped=None):
+    """Answer news as text: a line per preview as read writes them, then the ready tasks;
+    COUNT (a lower bound when CAPPED) covers messages past the previews."""
     lines = [_message_line(dict(preview, body=preview["preview"]), now) for preview in previews]
     if count > len(previews):
-        more = count - len(previews)
-        lines.append(f"({f'{more}+' if count >= COUNT_CAP else more} more; read takes them)")
+        lines.append(f"({count_text(count - len(previews), capped)} more; read takes them)")
     lines += [f"ready: {_task_line(task, now)}" for task in tasks]
     return "\n".join(lines) or "nothing new"
 
@@ -1709,24 +1870,124 @@ def news_summary(previews, count, tasks, now):
             "tasks": FLAG, "peek": FLAG})
 def op_news(store, caller, args, now):
     """Report untold unread messages (and ready tasks), waiting up to WAIT seconds."""
-    me = caller.name
+    me, started = caller.name, time.monotonic()
     with long_poll(store, me, args["wait"]) as poll:
         while True:
+            at = now + int(time.monotonic() - started)
             with store.transaction() as db:
-                previews, count, newest, tasks = _untold(db, me, args["tasks"], now)
+                previews, counts, tasks = _untold(db, me, args["tasks"], at)
                 marks = tuple(db.execute(
                     f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})").fetchone())
-            if (count or tasks) and not args["peek"]:
+                lease_ends = db.execute(
+                    "SELECT min(lease_until) FROM tasks WHERE status = 'claimed' AND "
+                    "lease_until > ?", (at,)).fetchone()[0] if args["tasks"] else None
+            if (counts.total or tasks) and not args["peek"]:
                 with store.transaction(write=True) as db:   # again: one teller per item
-                    previews, count, newest, tasks = _untold(db, me, args["tasks"], now)
-                    _mark_told(db, me, newest, ready=args["tasks"])
+                    previews, counts, tasks = _untold(db, me, args["tasks"], at)
+                    _mark_told(db, me, at, counts.newest, ready=args["tasks"])
             left = poll.deadline - time.monotonic()
-            if count or tasks or left <= 0:
+            if counts.total or tasks or left <= 0:
                 break
-            store.wait(lambda: store.marks() != marks, left)
-    summary = news_summary(previews, count, tasks, now)
-    return Result(200, {"count": count, "messages": previews, "tasks": tasks,
+            # a lease that runs out puts its task back on the board: that is news too
+            store.wait(lambda: store.marks() != marks,
+                       left if lease_ends is None else min(left, lease_ends - at))
+    summary = news_summary(previews, counts.total, tasks, now, counts.capped)
+    return Result(200, {"count": counts.total, "messages": previews, "tasks": tasks,
                         "summary": summary}, summary)
+
+
+@operation("ack", "Acknowledge what you were given, up to an id or these ids (none: all "
+           "so far): held messages stop coming back; senders who asked hear of it.",
+           {"upto": ID, "ids": {"type": "array", "items": ID, "maxItems": MAX_LIMIT,
+                                "description": "list or comma string"}})
+def op_ack(store, caller, args, now):
+    """Make held messages final and answer the acknowledgements their senders asked for.
+
+    Up to UPTO, or up to each of IDS in its channel, or (neither) up to all the caller
+    was given: a held message at or below that becomes final, and an acknowledgement
+    asked of the caller for a message it was given is sent to the sender.
+    """
+    me = caller.name
+    if args["upto"] is not None and args["ids"]:
+        raise BadRequest("give upto or ids, not both")
+    with store.transaction(write=True) as db:
+        cursors = {row["channel"]: row for row in db.execute(
+            "SELECT * FROM cursors WHERE agent = ?", (me,))}
+        # what a cursor gave: up to last_id, and past it what a hold that ran out gave
+        given_upto = {channel: max(cursor["last_id"], cursor["redo_upto"] or 0)
+                      for channel, cursor in cursors.items()}
+        named = {}
+        if args["ids"]:
+            ids = sorted(set(args["ids"]))
+            for row in db.execute(f"SELECT id, channel FROM messages WHERE id IN "
+                                  f"({','.join('?' * len(ids))}) AND sender != ?", ids + [me]):
+                if row["id"] <= given_upto.get(row["channel"], 0):
+                    named.setdefault(row["channel"], set()).add(row["id"])
+            never = [i for i in ids if not any(i in got for got in named.values())]
+            if never:
+                raise BadRequest(f"#{never[0]} was never given to you, so it cannot be "
+                                 "acknowledged", hint="ack takes what read gave you")
+        acked = 0
+        for channel, cursor in cursors.items():
+            if args["ids"] and channel not in named:
+                continue
+            acked += _settle(db, me, cursor, given_upto[channel], named.get(channel),
+                             args["upto"])
+        box = mailbox(me)
+        asked = ([i for i in named.get(box, ())] if args["ids"]
+                 else [None])                   # None: every request up to the position
+        receipts = db.execute(
+            "SELECT r.message_id, r.sender, m.body FROM receipts r JOIN messages m ON "
+            "m.id = r.message_id WHERE r.recipient = ? AND r.acked IS NULL AND "
+            f"r.message_id <= ? AND ({' OR '.join('r.message_id = ?' if i else '1' for i in asked)})",
+            [me, min(given_upto.get(box, 0), args["upto"] or 2 ** 63 - 1)]
+            + [i for i in asked if i]).fetchall() if asked else []
+        for message_id, sender, body in receipts:
+            db.execute("UPDATE receipts SET acked = ? WHERE message_id = ?", (now, message_id))
+            _tell(db, sender, f"{me} acknowledged #{message_id}: {clip(body, 60)}", now)
+    said = f"; {len(receipts)} sender{'s' if len(receipts) != 1 else ''} told" if receipts else ""
+    return Result(200, {"acked": acked, "receipts": len(receipts)},
+                  f"acknowledged {count_text(acked)} held message{'s' if acked != 1 else ''}"
+                  f"{said}")
+
+
+def _settle(db, me, cursor, given_upto, ids, upto):
+    """Make final, on one of ME's cursors, the given messages among IDS, or (no IDS) those
+    up to UPTO (None: all it gave); keep the cursor's invariant (see _deliver) and answer
+    how many held messages became final (a lower bound past COUNT_CAP)."""
+    channel, final = cursor["channel"], set(_ids(cursor["acked_past"]))
+    held = cursor["acked_id"] is not None
+    position = cursor["acked_id"] if held else cursor["last_id"]
+    end = cursor["last_id"] if held else given_upto
+    if ids is None:
+        bound = min(end, upto or end)
+        if bound <= position:
+            return 0
+        newly = _count(db, channel, position, bound, me, ",".join(map(str, final)))[0]
+        position, final = bound, {i for i in final if i > bound}
+    else:
+        fresh = {i for i in ids if position < i <= end} - final
+        newly = len(fresh) if held else 0
+        final |= fresh
+        # the run of final messages just past the position joins it
+        for (next_id,) in db.execute(
+                "SELECT id FROM messages WHERE channel = ? AND id > ? AND id <= ? AND "
+                "sender != ? ORDER BY id LIMIT ?", (channel, position, end, me, len(final) + 1)):
+            if next_id not in final:
+                break
+            position = next_id
+            final.discard(next_id)
+    done = held and position >= cursor["last_id"]
+    db.execute(
+        "UPDATE cursors SET acked_id = :acked, held_until = CASE WHEN :done THEN NULL ELSE "
+        "held_until END, last_id = max(last_id, :last), acked_past = :past, redelivered = "
+        "CASE WHEN :position >= coalesce(redo_upto, 0) THEN 0 ELSE redelivered END, "
+        "redo_upto = CASE WHEN :position >= coalesce(redo_upto, 0) THEN NULL ELSE redo_upto "
+        "END WHERE agent = :me AND channel = :channel",
+        {"acked": None if done or not held else position, "done": done,
+         "last": cursor["last_id"] if held else position, "position": position,
+         "past": ",".join(map(str, sorted(final))) or None, "me": me, "channel": channel})
+    return newly if held else 0
 
 
 @operation("history", "Past messages of a channel, a page at a time; @agent is your "
@@ -1765,9 +2026,15 @@ def op_history(store, caller, args, now):
             seen_up_to = db.execute(
                 "SELECT coalesce(max(last_id), 0) FROM cursors WHERE agent = ? "
                 "AND channel = ?", (other, mailbox(other))).fetchone()[0]
+            asked = [message["id"] for message in messages if message.get("ack")]
+            acked = {row[0] for row in db.execute(
+                f"SELECT message_id FROM receipts WHERE acked IS NOT NULL AND message_id IN "
+                f"({','.join('?' * len(asked))})", asked)} if asked else set()
             for message in messages:
                 if message["sender"] == me:
                     message["read"] = message["id"] <= seen_up_to
+                    if message.get("ack"):
+                        message["acked"] = message["id"] in acked
     lines = [_message_line(message, now) for message in messages]
     if more:
         lines.append(f"(older: history channel={channel} before={messages[0]['id']})")
@@ -1960,11 +2227,18 @@ def _set_after(db, task_id, after):
                    [(task_id, other) for other in after])
 
 
-def _mark_ready(db, task_ids, now):
-    """Number the tasks of TASK_IDS that are ready now, so news can tell of them once."""
+def became_ready(db, task_ids, now):
+    """Number those tasks of TASK_IDS that became ready to claim, so that news tells of
+    each once: the one decision of "ready", which every write that may make a task
+    claimable asks (posting it, changing its after, finishing what it waits for,
+    releasing it). A task is numbered when it is ready and was not since it last
+    stopped being (a claim, or a new wait, clears the number). A lease that runs out
+    needs no write: NEWLY_READY reads it off the lease."""
     for task_id in task_ids:
-        db.execute(f"UPDATE tasks SET ready_seq = ({NEWEST_READY}) + 1 WHERE id = :id AND "
-                   f"{READY_TASK}", {"id": task_id, "now": now})
+        if db.execute(f"UPDATE tasks SET ready_seq = ({NEWEST_READY}) + 1 WHERE id = :id AND "
+                      f"ready_seq IS NULL AND {READY_TASK}", {"id": task_id, "now": now}
+                      ).rowcount:
+            db.execute("UPDATE counters SET value = value + 1 WHERE name = 'ready'")
 
 
 AFTER = {"type": "array", "items": ID, "maxItems": MAX_AFTER,
@@ -1990,7 +2264,7 @@ def op_post_task(store, caller, args, now):
         db.executemany("INSERT INTO task_tags (tag, task_id) VALUES (?, ?)",
                        [(tag, task_id) for tag in tags])
         _set_after(db, task_id, after)
-        _mark_ready(db, [task_id], now)
+        became_ready(db, [task_id], now)
     waits = f"; it waits for {', '.join(f'#{i}' for i in after)}" if after else ""
     return Result(200, {"id": task_id}, f"posted task #{task_id} \"{clip(args['title'])}\""
                   f"{waits}")
@@ -2023,8 +2297,9 @@ def op_update_task(store, caller, args, now):
             _set_after(db, task["id"], after)
         db.execute(f"UPDATE tasks SET {''.join(f'{field} = :{field}, ' for field in changes)}"
                    "updated = :now WHERE id = :id", dict(changes, now=now, id=task["id"]))
-        if task["waiting_for"]:
-            _mark_ready(db, [task["id"]], now)
+        db.execute(f"UPDATE tasks SET ready_seq = NULL WHERE id = ? AND {WAITING}",
+                   (task["id"],))
+        became_ready(db, [task["id"]], now)
         task = _task(_find_task(db, task["id"], now))
     return Result(200, {"task": task}, f"updated {_task_line(task, now)}")
 
@@ -2115,7 +2390,7 @@ def op_claim(store, caller, args, now):
             task = _task(row)
         lease_until = now + args["lease"]
         db.execute("UPDATE tasks SET status = 'claimed', owner = ?, lease_until = ?, "
-                   "updated = ?, reopened = NULL WHERE id = ?",
+                   "updated = ?, reopened = NULL, ready_seq = NULL WHERE id = ?",
                    (me, lease_until, now, task["id"]))
         task.update(status="claimed", owner=me, lease_until=lease_until, updated=now)
         if task["poster"] != me:
@@ -2143,9 +2418,10 @@ def _dependents_hear(db, task, me, now):
     when it was their last blocker and is done, still waiting when it failed or ended."""
     rows = db.execute(f"{TASK_ROWS} WHERE id IN (SELECT task_id FROM task_deps WHERE "
                       f"after_id = :id) AND {OPEN_TASK}", {"id": task["id"], "now": now})
-    for dependent in [_task(row) for row in rows]:
+    dependents = [_task(row) for row in rows]
+    became_ready(db, [dependent["id"] for dependent in dependents], now)
+    for dependent in dependents:
         if task["status"] == "done" and not dependent["waiting_for"]:
-            _mark_ready(db, [dependent["id"]], now)
             done = ", ".join(f"#{i}" for i in dependent["after"])
             text = (f"{_quote(dependent)} is ready: {done} "
                     f"{'is' if len(dependent['after']) == 1 else 'are'} done")
@@ -2213,6 +2489,7 @@ def op_release(store, caller, args, now):
         _held_task(db, args["id"], me, now)
         db.execute("UPDATE tasks SET status = 'open', owner = NULL, lease_until = NULL, "
                    "updated = ?, reopened = 'released' WHERE id = ?", (now, args["id"]))
+        became_ready(db, [args["id"]], now)
         task = _task(_find_task(db, args["id"], now))
         if task["poster"] != me:
             note = f": {args['note']}" if args["note"] else ""

@@ -57,6 +57,18 @@ def until(condition, seconds=10):
     return True
 
 
+def read_line(stream, seconds=30):
+    """Answer the next line of a child process's STREAM, failing after SECONDS rather than
+    hanging the run (a thread reads, so a buffered stream is no trouble)."""
+    got = []
+    reader = threading.Thread(target=lambda: got.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(seconds)
+    if not got:
+        raise AssertionError(f"no line from the child process within {seconds} s")
+    return got[0]
+
+
 def temp_dir(case):
     """Make a folder removed when CASE ends."""
     path = tempfile.mkdtemp(prefix="agora-test-")
@@ -3323,6 +3335,276 @@ class GuardTest(unittest.TestCase):
         commit = self.git("commit", "-m", "a free file", check=False)
         self.assertEqual(commit.returncode, 0, commit.stderr)
         self.assertIn("the old hook ran", commit.stderr)
+
+
+###############################################################################
+# Held delivery, acknowledgements and ready news ##############################
+###############################################################################
+
+class HeldDeliveryTest(StoreCase):
+    """read hold=S: what it gives comes back unless acknowledged (moved clock, no sleep)."""
+
+    def setUp(self):
+        super().setUp()
+        self.ok("brief", who="bob")
+        self.ids = [self.ok("post", who="alice", to="bob", body=f"job {n}")["id"]
+                    for n in range(3)]
+
+    def read(self, now, **args):
+        result = self.call("read", who="bob", now=now, **args)
+        self.assertEqual(result.status, 200, result.text)
+        return result
+
+    def test_a_held_read_comes_back_after_its_hold_unless_acked(self):
+        first = self.read(T0, hold=60)
+        self.assertEqual([m["id"] for m in first.body["messages"]], self.ids)
+        self.assertEqual(first.body["held"], {"until": T0 + 60, "upto": self.ids[-1]})
+        self.assertIn(f"ack upto={self.ids[-1]}", first.text)
+        self.assertEqual(self.read(T0 + 59).body["messages"], [])     # in bob's hands
+        again = self.read(T0 + 60, hold=60)
+        self.assertEqual([(m["id"], m["redelivered"]) for m in again.body["messages"]],
+                         [(i, 1) for i in self.ids])
+        self.assertIn("[given again: 1]", again.text)
+        third = self.read(T0 + 120)
+        self.assertEqual([m["redelivered"] for m in third.body["messages"]], [2, 2, 2])
+        self.assertEqual(self.read(T0 + 1000).body["messages"], [])   # a plain read: final
+        self.assertEqual(self.ok("brief", who="bob", now=T0 + 1000)["acks"]["held"], 0)
+
+    def test_ack_upto_ids_or_everything(self):
+        self.read(T0, hold=60)
+        self.assertEqual(self.ok("ack", who="bob", upto=self.ids[1]),
+                         {"acked": 2, "receipts": 0})
+        self.assertEqual([m["id"] for m in self.read(T0 + 61).body["messages"]],
+                         [self.ids[2]])
+        more = self.ok("post", who="alice", to="bob", body="job 4")["id"]
+        self.read(T0 + 62, hold=60)
+        self.assertEqual(self.ok("ack", who="bob", ids=[more])["acked"], 1)
+        self.assertEqual(self.read(T0 + 200).body["messages"], [])
+        self.ok("post", who="alice", to="bob", body="job 5")
+        self.read(T0 + 201, hold=60)
+        self.assertEqual(self.ok("ack", who="bob")["acked"], 1)        # all it was given
+        self.assertEqual(self.read(T0 + 400).body["messages"], [])
+
+    def test_bad_acks_and_holds_say_why(self):
+        self.read(T0)
+        self.ok("brief", who="carol")
+        carol = self.ok("post", who="alice", to="carol", body="not bob's")["id"]
+        for args, words in (({"ids": [carol]}, "never given to you"),
+                            ({"ids": [987654]}, "never given to you"),
+                            ({"ids": [self.ids[0]], "upto": 3}, "upto or ids, not both")):
+            self.assertIn(words, self.refused(400, "ack", who="bob", **args))
+        for hold, words in ((-1, "at least 0"), (86401, "at most 86400")):
+            self.assertIn(words, self.refused(400, "read", who="bob", hold=hold))
+        self.assertEqual(self.ok("ack", who="bob", upto=self.ids[0]),     # harmless
+                         {"acked": 0, "receipts": 0})
+        self.ok("post", who="alice", to="bob", body="plain")
+        self.assertNotIn("held", self.ok("read", who="bob", hold=0))   # 0 is a plain read
+
+    def test_a_plain_read_after_a_held_one_never_gives_what_is_held(self):
+        self.read(T0, hold=60, limit=2)
+        plain = self.read(T0 + 1)
+        self.assertEqual([m["id"] for m in plain.body["messages"]], [self.ids[2]])
+        # while a hold is under way, what a plain read gives is held with it
+        back = self.read(T0 + 61)
+        self.assertEqual([m["id"] for m in back.body["messages"]], self.ids)
+
+    def test_what_waits_on_acknowledgements_is_in_the_brief(self):
+        self.ok("post", who="alice", to="bob", body="sign this", ack=True)
+        self.read(T0, hold=600, limit=2)
+        brief = self.call("brief", who="bob", now=T0 + 60)
+        self.assertEqual(brief.body["acks"], {"asked": 1, "held": 2, "back": T0 + 600,
+                                              "awaiting": 0, "oldest": None})
+        self.assertIn("asked to acknowledge: 1", brief.text)
+        self.assertIn("held for you: 2, the first back in 9m", brief.text)
+        sender = self.call("brief", who="alice", now=T0 + 720)
+        self.assertEqual((sender.body["acks"]["awaiting"], sender.body["acks"]["oldest"]),
+                         (1, T0))
+        self.assertIn("awaiting acks: 1, oldest 12m", sender.text)
+
+    def test_the_held_cost_the_same_however_many(self):
+        with self.store.transaction(write=True) as db:
+            db.execute("WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n LIMIT "
+                       "5000) INSERT INTO messages (channel, sender, body, ts) SELECT '@bob', "
+                       "'alice', 'bulk ' || x, ? FROM n", (T0,))
+        while self.read(T0, hold=600, limit=200).body["messages"]:
+            pass
+        rows = self.store.query_one("SELECT count(*) FROM cursors WHERE agent = 'bob'")[0]
+        self.assertEqual(rows, 2)                       # held state lives in the cursors
+        self.assertEqual(self.ok("brief", who="bob")["acks"]["held"], 200)   # a lower bound
+        self.assertIn("held for you: 200+", self.call("brief", who="bob").text)
+
+
+class ReceiptTest(StoreCase):
+    """post to=bob ack=true: bob sees it asked; his ack tells alice, and only alice."""
+
+    def test_the_sender_hears_and_sees_it_acked(self):
+        self.ok("brief", who="bob")
+        asked = self.ok("post", who="alice", to="bob", body="approve the plan?", ack=True)
+        news = self.ok("news", who="bob", peek=True)
+        self.assertTrue(news["messages"][0]["ack"])
+        read = self.call("read", who="bob")
+        self.assertTrue(read.body["messages"][0]["ack"])
+        self.assertIn("[ack?]", read.text)
+        view = self.ok("history", who="alice", channel="@bob")["messages"][0]
+        self.assertEqual((view["read"], view["acked"]), (True, False))
+        self.assertEqual(self.ok("ack", who="bob", ids=[asked["id"]]),
+                         {"acked": 0, "receipts": 1})
+        told = self.ok("read", who="alice")["messages"]
+        self.assertEqual([(m["sender"], m["body"].split(":")[0]) for m in told],
+                         [("agora", f"bob acknowledged #{asked['id']}")])
+        view = self.call("history", who="alice", channel="@bob")
+        self.assertTrue(view.body["messages"][0]["acked"])
+        self.assertIn("✓acked", view.text)
+        self.assertEqual(self.ok("ack", who="bob", ids=[asked["id"]])["receipts"], 0)  # once
+        self.assertEqual(self.ok("read", who="alice")["messages"], [])
+
+    def test_only_the_recipient_and_only_direct_mail(self):
+        self.ok("brief", who="carol")
+        self.ok("brief", who="bob")
+        asked = self.ok("post", who="alice", to="bob", body="for bob", ack=True)["id"]
+        self.assertIn("never given to you", self.refused(400, "ack", who="carol", ids=[asked]))
+        self.assertEqual(self.ok("ack", who="carol")["receipts"], 0)
+        self.assertIn("direct mail", self.refused(400, "post", who="alice", body="all",
+                                                  ack=True))
+        self.ok("post", who="alice", to="bob", body="no ack asked")
+        self.ok("read", who="bob")
+        self.assertEqual(self.ok("ack", who="bob")["receipts"], 1)       # only the one asked
+        self.assertEqual(len(self.ok("read", who="alice")["messages"]), 1)
+        self.assertEqual(self.ok("read", who="carol")["messages"], [])    # nobody else hears
+
+
+class ReadyNewsTest(StoreCase):
+    """A task back on the board is news like a new ready one: once, however it got there."""
+
+    def news(self, now=T0):
+        return [t["id"] for t in self.ok("news", who="carol", now=now, tasks=True)["tasks"]]
+
+    def test_every_way_a_task_becomes_claimable_is_told_once(self):
+        self.ok("brief", who="carol")
+        posted = self.ok("post_task", who="alice", title="ready at once")["id"]
+        self.assertEqual((self.news(), self.news()), ([posted], []))
+        blocker = self.ok("post_task", who="alice", title="first")["id"]
+        waiting = self.ok("post_task", who="alice", title="then", after=[blocker])["id"]
+        self.assertEqual(self.news(), [blocker])
+        self.ok("claim", who="bob", id=blocker)
+        self.ok("done", who="bob", id=blocker)
+        self.assertEqual((self.news(), self.news()), ([waiting], []))
+        self.ok("claim", who="bob", id=waiting)
+        self.ok("release", who="bob", id=waiting)
+        self.assertEqual((self.news(), self.news()), ([waiting], []))
+        self.ok("claim", who="bob", id=posted, lease=60)
+        self.assertEqual(self.news(T0 + 59), [])
+        self.assertEqual((self.news(T0 + 60), self.news(T0 + 61)), ([posted], []))
+        self.ok("claim", who="dave", id=posted, now=T0 + 62)           # taken again: quiet
+        self.assertEqual(self.news(T0 + 1000), [posted])                 # and its lease ran out
+        paused = self.ok("post_task", who="alice", title="paused")["id"]
+        self.assertEqual(self.news(T0 + 1000), [paused])
+        self.ok("update_task", who="alice", id=paused, after=[waiting])  # now it waits
+        self.ok("update_task", who="alice", id=paused, after=[])          # and is ready again
+        self.assertEqual((self.news(T0 + 1000), self.news(T0 + 1000)), ([paused], []))
+        self.ok("update_task", who="alice", id=paused, title="renamed")  # still ready: quiet
+        self.assertEqual(self.news(T0 + 1000), [])
+
+    def test_a_waiting_news_wakes_when_a_lease_runs_out(self):
+        self.ok("brief", who="carol")
+        now = int(time.time())
+        task = self.ok("post_task", who="alice", title="soon back", now=now)["id"]
+        self.news(now)
+        self.ok("claim", who="bob", id=task, lease=1, now=now)
+        started = time.monotonic()
+        woke = self.ok("news", who="carol", now=now, tasks=True, wait=10)
+        self.assertEqual([t["id"] for t in woke["tasks"]], [task])
+        self.assertLess(time.monotonic() - started, 5)
+
+
+class ExactCountTest(StoreCase):
+
+    def test_a_total_of_exact_counts_is_exact(self):
+        for name in ("a", "b", "c"):
+            self.ok("create_channel", who="bob", name=name)
+        with self.store.transaction(write=True) as db:
+            for name, count in (("a", 100), ("b", 100), ("c", 100)):
+                db.execute("WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n "
+                           "LIMIT ?) INSERT INTO messages (channel, sender, body, ts) SELECT ?, "
+                           "'alice', 'm' || x, ? FROM n", (count, name, T0))
+        brief = self.call("brief", who="bob")
+        self.assertIn("unread 300: a 100, b 100, c 100", brief.text)
+        with self.store.transaction(write=True) as db:
+            db.execute("WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n "
+                       "LIMIT 150) INSERT INTO messages (channel, sender, body, ts) SELECT 'a', "
+                       "'alice', 'more ' || x, ? FROM n", (T0,))
+        self.assertIn("unread 400+: a 200+, b 100, c 100", self.call("brief", who="bob").text)
+
+
+HELD_READER = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import agora
+store = agora.Store(sys.argv[2])
+me, quiet = agora.Caller("worker", True), 0
+while quiet < 6:                    # longer than the hold: what a dead reader held comes back
+    got = agora.call(store, "read", {"hold": 3, "limit": 3, "wait": 1}, me).body["messages"]
+    if not got:
+        quiet += 1
+        continue
+    quiet = 0
+    print("got", json.dumps([m["id"] for m in got]), flush=True)
+    if sys.argv[3] == "stall":
+        time.sleep(600)             # killed here, holding what it got
+    agora.call(store, "ack", {"ids": [m["id"] for m in got]}, me)
+    print("acked", json.dumps([m["id"] for m in got]), flush=True)
+store.close()
+"""
+
+
+class HeldRaceTest(StoreCase):
+    """Readers of one agent's mailbox with holds, in threads and in processes."""
+
+    def test_threads_each_message_in_one_readers_hands(self):
+        self.ok("brief", who="bob")
+        for n in range(60):
+            self.ok("post", who="alice", to="bob", body=f"job {n}")
+        hands, lock = [], threading.Lock()
+
+        def reader():
+            while True:
+                got = self.ok("read", who="bob", hold=600, limit=4)["messages"]
+                if not got:
+                    return
+                with lock:
+                    hands.extend(m["id"] for m in got)
+                self.ok("ack", who="bob", ids=[m["id"] for m in got])
+        threads = [threading.Thread(target=reader) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        self.assertEqual(sorted(hands), sorted(set(hands)))
+        self.assertEqual(len(hands), 60)
+
+    def test_a_reader_killed_while_holding_loses_nothing(self):
+        self.ok("brief", who="worker")
+        for n in range(30):
+            self.ok("post", who="alice", to="worker", body=f"job {n}", now=int(time.time()))
+        staller = subprocess.Popen([sys.executable, "-c", HELD_READER, HERE, self.db, "stall"],
+                                   stdout=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: staller.poll() is None and staller.kill())
+        self.addCleanup(staller.stdout.close)
+        line = read_line(staller.stdout, 30)
+        self.assertTrue(line.startswith("got"), line)
+        lost = json.loads(line.split(" ", 1)[1])
+        staller.kill()                                  # kill -9, holding three
+        staller.wait(10)
+        readers = [subprocess.Popen([sys.executable, "-c", HELD_READER, HERE, self.db, "work"],
+                                    stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        acked = []
+        for reader in readers:
+            out, _ = reader.communicate(timeout=90)
+            acked += [i for line in out.splitlines() if line.startswith("acked")
+                      for i in json.loads(line.split(" ", 1)[1])]
+        self.assertEqual(sorted(acked), sorted(set(acked)), "a message in two hands")
+        self.assertEqual(len(acked), 30)
+        self.assertTrue(set(lost) <= set(acked))
 
 
 ###############################################################################
