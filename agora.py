@@ -16,6 +16,8 @@ Run it::
     python3 agora.py wait --as alice             # block until there is news for alice
     python3 agora.py hook install claude --as alice   # Claude Code hears of it too
     python3 agora.py guard install --as alice    # git refuses commits on others' paths
+    python3 agora.py backup /backups/agora.db    # a consistent copy, while others write
+    python3 agora.py check                       # the file's integrity, schema and counts
     python3 agora.py ops                         # every operation and its arguments
     python3 agora.py post body=hi --url http://server:8820 --token agora_...
 
@@ -263,8 +265,8 @@ CREATE INDEX messages_by_channel ON messages (channel, id, sender);
 """,
     # Held delivery: a cursor whose acked_id is set holds the messages past it, up to
     # last_id, for its reader until held_until; acked_past lists those past it acked
-    # out of turn (final: never given again); redelivered counts how often those up
-    # to redo_upto came before. A direct message may ask for an acknowledgement
+    # out of turn (final: never given again), held_count how many are held; redelivered
+    # counts how often those up to redo_upto came before. A direct message may ask for an acknowledgement
     # (asks_ack), which receipts follow. told_lease: leases news has told ran out.
     # The ready sequence moves on in counters, as tasks leave and rejoin the ready.
     7: """
@@ -273,6 +275,7 @@ ALTER TABLE cursors ADD COLUMN held_until INTEGER;
 ALTER TABLE cursors ADD COLUMN redo_upto INTEGER;
 ALTER TABLE cursors ADD COLUMN redelivered INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE cursors ADD COLUMN acked_past TEXT;
+ALTER TABLE cursors ADD COLUMN held_count INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE messages ADD COLUMN asks_ack INTEGER;
 CREATE TABLE receipts (
     message_id INTEGER PRIMARY KEY,
@@ -629,7 +632,9 @@ class Store:
                     f"{self.path} was written by a newer agora (schema {version}; "
                     f"this agora.py knows {SCHEMA_VERSION}): upgrade agora.py")
             if version == 0:
-                if con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                # a replicator may get there first (Litestream keeps _litestream_ tables)
+                if con.execute("SELECT count(*) FROM sqlite_master WHERE name NOT LIKE "
+                               "'\\_litestream\\_%' ESCAPE '\\'").fetchone()[0]:
                     raise StoreError(f"{self.path} is an SQLite file but not an agora database")
                 self._create(con, fts)
                 version = 1
@@ -1203,15 +1208,16 @@ def count_text(count, capped=None):
     return f"{count}+" if (count >= COUNT_CAP if capped is None else capped) else str(count)
 
 
-def _count(db, channel, after, upto, me, skip=""):
+def _count(db, channel, after, upto, me, skip="", cap=COUNT_CAP):
     """Answer (how many of CHANNEL's messages past AFTER up to UPTO are not ME's nor in
-    SKIP (ids, comma-separated), up to COUNT_CAP; the newest of them): a count whose cost
-    does not grow past the cap."""
+    SKIP (ids, comma-separated), up to CAP (None: all); the newest of them): by default
+    a count whose cost does not grow past the cap."""
     skipped = _ids(skip)
     return db.execute(
         "SELECT count(*), max(id) FROM (SELECT id FROM messages WHERE channel = ? AND id > ? "
         f"AND id <= ? AND sender != ? AND id NOT IN ({','.join('?' * len(skipped))}) "
-        "ORDER BY id DESC LIMIT ?)", (channel, after, upto, me, *skipped, COUNT_CAP)).fetchone()
+        "ORDER BY id DESC LIMIT ?)",
+        (channel, after, upto, me, *skipped, -1 if cap is None else cap)).fetchone()
 
 
 def _unread(db, me, now, after=0):
@@ -1230,17 +1236,10 @@ def _unread(db, me, now, after=0):
 
 
 def _held(db, me, now):
-    """Answer (the Counts of messages held for ME, when the next hold runs out or None)."""
-    channels, back = {}, None
-    for channel, acked, last, until, skip in db.execute(
-            "SELECT c.channel, c.acked_id, c.last_id, c.held_until, c.acked_past FROM cursors c "
-            "WHERE c.agent = :me AND c.held_until > :now", {"me": me, "now": now}).fetchall():
-        count, _ = _count(db, channel, acked, last, me, skip)
-        if count:
-            channels[channel] = count
-            back = until if back is None else min(back, until)
-    return Counts(channels, sum(channels.values()),
-                  any(n >= COUNT_CAP for n in channels.values()), 0), back
+    """Answer (how many messages are held for ME, when the next hold runs out or None):
+    read off its cursors, however many are held."""
+    return tuple(db.execute("SELECT coalesce(sum(held_count), 0), min(held_until) FROM cursors "
+                            "WHERE agent = ? AND held_until > ?", (me, now)).fetchone())
 
 
 def _mark_told(db, me, now, message_id=None, ready=False):
@@ -1367,15 +1366,19 @@ def reservation_conflicts(patterns, exclusive, held):
     one suffix does not end the other) cannot overlap: most pairs are told apart so,
     and only the rest are decided exactly.
     """
-    segments, conflicts = {}, []
+    segments, conflicts, checked = {}, [], 0
     others = [(other, literal_ends(other["path"])) for other in held
               if exclusive or other["exclusive"]]
     for pattern in patterns:
         prefix, suffix = literal_ends(pattern)
-        conflicts += [(pattern, other) for other, (start, end) in others
-                      if (prefix.startswith(start) or start.startswith(prefix))
-                      and (suffix.endswith(end) or end.endswith(suffix))
-                      and patterns_overlap(pattern, other["path"], segments)]
+        for other, (start, end) in others:
+            if ((prefix.startswith(start) or start.startswith(prefix))
+                    and (suffix.endswith(end) or end.endswith(suffix))):
+                checked += 1
+                if not checked % 64:
+                    time.sleep(0)   # hand the GIL on often: other requests go on meanwhile
+                if patterns_overlap(pattern, other["path"], segments):
+                    conflicts.append((pattern, other))
     return conflicts
 
 
@@ -1456,12 +1459,12 @@ QUIET_HINT = f"all quiet: read wait={MAX_WAIT} waits for mail"
 def _acks(db, me, now):
     """Answer what waits on acknowledgements for ME: requests asked of it, messages held
     for it (and when the next comes back), and its own requests still unanswered."""
-    asked = db.execute("SELECT count(*) FROM receipts WHERE recipient = ? AND acked IS NULL",
-                       (me,)).fetchone()[0]
+    asked, awaiting, oldest = db.execute(
+        "SELECT (SELECT count(*) FROM receipts WHERE recipient = :me AND acked IS NULL), "
+        "count(*), min(asked) FROM receipts WHERE sender = :me AND acked IS NULL",
+        {"me": me}).fetchone()
     held, back = _held(db, me, now)
-    awaiting, oldest = db.execute("SELECT count(*), min(asked) FROM receipts WHERE sender = ? "
-                                  "AND acked IS NULL", (me,)).fetchone()
-    return {"asked": asked, "held": held.total, "back": back, "awaiting": awaiting,
+    return {"asked": asked, "held": held, "back": back, "awaiting": awaiting,
             "oldest": oldest}
 
 
@@ -1471,7 +1474,7 @@ def acks_lines(acks, now):
     if acks["asked"]:
         lines.append(f"asked to acknowledge: {acks['asked']} (ack ids=... once done)")
     if acks["held"]:
-        lines.append(f"held for you: {count_text(acks['held'])}, the first back in "
+        lines.append(f"held for you: {acks['held']}, the first back in "
                      f"{age(acks['back'] - now)} unless acked (ack upto=ID)")
     if acks["awaiting"]:
         lines.append(f"awaiting acks: {acks['awaiting']}, oldest {age(now - acks['oldest'])}")
@@ -1756,7 +1759,8 @@ def _deliver(db, me, limit, now, hold=0):
     where = {"me": me, "now": now, "until": now + hold}
     db.execute("UPDATE cursors SET redo_upto = max(coalesce(redo_upto, 0), last_id), "
                "redelivered = redelivered + 1, last_id = acked_id, acked_id = NULL, "
-               "held_until = NULL WHERE agent = :me AND held_until <= :now", where)
+               "held_until = NULL, held_count = 0 WHERE agent = :me AND held_until <= :now",
+               where)
     cursors = {row["channel"]: row for row in db.execute(
         "SELECT * FROM cursors WHERE agent = :me AND following = 1", where)}
     batch = []
@@ -1766,18 +1770,19 @@ def _deliver(db, me, limit, now, hold=0):
                             f"AND id NOT IN ({','.join('?' * len(final))}) ORDER BY id LIMIT ?",
                             (channel, cursor["last_id"], me, *final, limit + 1)).fetchall()
     batch.sort(key=lambda row: row["id"])
-    delivered, newest = [], {}
+    delivered, newest, given = [], {}, {}
     for row in batch[:limit]:
         cursor = cursors[row["channel"]]
         again = row["id"] <= (cursor["redo_upto"] or 0)
         delivered.append(_message(row, cursor["redelivered"] if again else 0))
         newest[row["channel"]] = row["id"]
+        given[row["channel"]] = given.get(row["channel"], 0) + 1
     for channel, last_id in newest.items():
         if hold or cursors[channel]["acked_id"] is not None:
             db.execute("UPDATE cursors SET last_id = :last, acked_id = coalesce(acked_id, "
-                       "last_id), held_until = max(coalesce(held_until, 0), :until) "
-                       "WHERE agent = :me AND channel = :channel",
-                       dict(where, last=last_id, channel=channel))
+                       "last_id), held_until = max(coalesce(held_until, 0), :until), "
+                       "held_count = held_count + :given WHERE agent = :me AND channel = :channel",
+                       dict(where, last=last_id, channel=channel, given=given[channel]))
         else:
             past = ",".join(str(i) for i in _ids(cursors[channel]["acked_past"]) if i > last_id)
             db.execute("UPDATE cursors SET last_id = :last, redelivered = CASE WHEN :last >= "
@@ -1947,14 +1952,14 @@ def op_ack(store, caller, args, now):
             _tell(db, sender, f"{me} acknowledged #{message_id}: {clip(body, 60)}", now)
     said = f"; {len(receipts)} sender{'s' if len(receipts) != 1 else ''} told" if receipts else ""
     return Result(200, {"acked": acked, "receipts": len(receipts)},
-                  f"acknowledged {count_text(acked)} held message{'s' if acked != 1 else ''}"
+                  f"acknowledged {acked} held message{'s' if acked != 1 else ''}"
                   f"{said}")
 
 
 def _settle(db, me, cursor, given_upto, ids, upto):
     """Make final, on one of ME's cursors, the given messages among IDS, or (no IDS) those
     up to UPTO (None: all it gave); keep the cursor's invariant (see _deliver) and answer
-    how many held messages became final (a lower bound past COUNT_CAP)."""
+    how many held messages became final."""
     channel, final = cursor["channel"], set(_ids(cursor["acked_past"]))
     held = cursor["acked_id"] is not None
     position = cursor["acked_id"] if held else cursor["last_id"]
@@ -1963,7 +1968,8 @@ def _settle(db, me, cursor, given_upto, ids, upto):
         bound = min(end, upto or end)
         if bound <= position:
             return 0
-        newly = _count(db, channel, position, bound, me, ",".join(map(str, final)))[0]
+        newly = _count(db, channel, position, bound, me, ",".join(map(str, final)),
+                       cap=None)[0]
         position, final = bound, {i for i in final if i > bound}
     else:
         fresh = {i for i in ids if position < i <= end} - final
@@ -1983,8 +1989,10 @@ def _settle(db, me, cursor, given_upto, ids, upto):
         "held_until END, last_id = max(last_id, :last), acked_past = :past, redelivered = "
         "CASE WHEN :position >= coalesce(redo_upto, 0) THEN 0 ELSE redelivered END, "
         "redo_upto = CASE WHEN :position >= coalesce(redo_upto, 0) THEN NULL ELSE redo_upto "
-        "END WHERE agent = :me AND channel = :channel",
+        "END, held_count = CASE WHEN :done THEN 0 ELSE max(0, held_count - :newly) END "
+        "WHERE agent = :me AND channel = :channel",
         {"acked": None if done or not held else position, "done": done,
+         "newly": newly if held else 0,
          "last": cursor["last_id"] if held else position, "position": position,
          "past": ",".join(map(str, sorted(final))) or None, "me": me, "channel": channel})
     return newly if held else 0
@@ -4084,8 +4092,13 @@ def serve(store, host, port, **options):
     shown = f"[{host.strip('[]')}]" if ":" in host else host
 
     def stop(signum, frame):
+        # The first stop signal ends serving; more (a supervisor and its child are often
+        # signalled both, as Litestream's -exec is) must not cut the closing short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         # Announced only once a stop signal is handled: a script may send one at once.
         print(f"agora {__version__} listening on http://{shown}:{server.server_address[1]} "
@@ -4297,13 +4310,14 @@ def ops_markdown():
     return "\n".join(lines) + "\n"
 
 
-def default_db_path():
-    """Answer $AGORA_DB, else ~/.agora/agora.db (creating its folder)."""
+def default_db_path(create=True):
+    """Answer $AGORA_DB, else ~/.agora/agora.db (creating its folder, when CREATE)."""
     path = os.environ.get("AGORA_DB")
     if path:
         return path
     folder = os.path.join(os.path.expanduser("~"), ".agora")
-    os.makedirs(folder, mode=0o700, exist_ok=True)      # private: it holds everyone's mail
+    if create:
+        os.makedirs(folder, mode=0o700, exist_ok=True)  # private: it holds everyone's mail
     return os.path.join(folder, "agora.db")
 
 
@@ -4325,7 +4339,7 @@ def _command_word(argv):
     return None
 
 
-CLI_COMMANDS = ("serve", "stdio", "wait", "hook", "guard", "ops")
+CLI_COMMANDS = ("serve", "stdio", "wait", "hook", "guard", "ops", "backup", "check")
 HOOK_EVENTS = ("session-start", "prompt", "stop", "wake")
 HOOK_CLIENTS = ("claude", "codex", "gemini", "cursor")
 HOOK_TIMEOUT = 5            # seconds a hook may spend talking to agora: it runs on every prompt
@@ -4438,6 +4452,15 @@ def _build_parser(command=None, argv=()):
     if wanted("ops"):
         ops_parser = commands.add_parser("ops", parents=[common], help="list the operations")
         ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
+    if wanted("backup"):
+        backup_parser = commands.add_parser("backup", parents=[common],
+                                            help="copy the live file, safely while others write")
+        backup_parser.add_argument("path", metavar="PATH", help="the copy to write")
+        backup_parser.add_argument("--force", action="store_true",
+                                   help="replace PATH if it exists")
+    if wanted("check"):
+        commands.add_parser("check", parents=[common],
+                            help="check the file's integrity; say its schema and counts")
     identity = argparse.ArgumentParser(add_help=False)
     identity.add_argument("--as", dest="as_name", metavar="NAME",
                           help="act as this agent on the local file (default $AGORA_AS)")
@@ -4576,6 +4599,95 @@ def _written_identity(options):
         return []
     db = getattr(options, "db", None)
     return ["--as", options.as_name] + (["--db", os.path.abspath(db)] if db else [])
+
+
+# Keeping the file: backup and check ------------------------------------------
+
+def file_summary(db):
+    """Answer what an agora file holds, as one line: messages, tasks, agents, notes."""
+    counts = db.execute(
+        "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM tasks), "
+        "(SELECT count(*) FROM agents WHERE name != ?), (SELECT count(*) FROM notes "
+        "WHERE deleted = 0)", (SYSTEM_SENDER,)).fetchone()
+    return ", ".join(f"{count:,} {what}{'' if count == 1 else 's'}" for count, what in
+                     zip(counts, ("message", "task", "agent", "note")))
+
+
+def _existing_file(options):
+    path = getattr(options, "db", None) or default_db_path(create=False)
+    if not os.path.isfile(path):
+        raise NotFound(f"no agora file at {path}", hint="--db PATH names it")
+    return path
+
+
+def _backup_command(options):
+    """Copy the live file to PATH as it stood at one moment, while others go on writing.
+
+    SQLite's online backup copies it in steps inside one read transaction: in WAL a
+    reader holds up no writer, and each step sees the same snapshot, so the copy is
+    whole and consistent. It is written beside PATH under a temp name, synced, then
+    renamed into place: a backup that fails leaves no half file.
+    """
+    import tempfile
+    source = _existing_file(options)
+    target = os.path.abspath(options.path)
+    if os.path.lexists(target) and not options.force:
+        raise Conflict(f"{options.path} exists; a backup writes a new file",
+                       hint="--force replaces it")
+    store = Store(source)
+    handle, temp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".agora-backup-")
+    os.close(handle)
+    try:
+        copy = sqlite3.connect(temp, isolation_level=None)
+        try:
+            with store.autocommit() as db:
+                db.execute("BEGIN")
+                try:
+                    db.execute("SELECT count(*) FROM agents").fetchone()   # the moment
+                    db.backup(copy, pages=1024)
+                finally:
+                    db.execute("COMMIT")
+            summary = file_summary(copy)
+        finally:
+            copy.close()
+        with open(temp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temp)
+        raise
+    finally:
+        store.close()
+    print(f"backed up {source} to {target}: {_size_text(os.path.getsize(target))}, {summary}")
+    return 0
+
+
+def _size_text(size):
+    return f"{size / 1048576:.1f} MB" if size >= 1048576 else f"{size / 1024:.0f} KB"
+
+
+def _check_command(options):
+    """Check the file: SQLite's integrity check, its schema version, what it holds. Exit 1
+    with SQLite's own words when it is damaged."""
+    from urllib.parse import quote
+    path = _existing_file(options)
+    try:
+        db = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=rw", uri=True,
+                             timeout=BUSY_TIMEOUT)
+        try:
+            problems = [row[0] for row in db.execute("PRAGMA integrity_check(20)")]
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            summary = file_summary(db) if problems == ["ok"] else ""
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as error:
+        problems = [str(error)]
+    if problems != ["ok"]:
+        raise StoreError(f"{path} is damaged: " + "; ".join(problems),
+                         hint="restore a backup, or rescue it with sqlite3's .recover")
+    print(f"ok: {path}, schema {version}, {_size_text(os.path.getsize(path))}, {summary}")
+    return 0
 
 
 # Waking: hooks, wait and the channel ------------------------------------------
@@ -5221,6 +5333,10 @@ def main(argv=None):
         if options.command == "ops":
             _print_ops(options.markdown)
             return 0
+        if options.command == "backup":
+            return _backup_command(options)
+        if options.command == "check":
+            return _check_command(options)
         if options.command == "wait":
             return _wait_command(options)
         if options.command == "hook":

@@ -3430,8 +3430,10 @@ class HeldDeliveryTest(StoreCase):
             pass
         rows = self.store.query_one("SELECT count(*) FROM cursors WHERE agent = 'bob'")[0]
         self.assertEqual(rows, 2)                       # held state lives in the cursors
-        self.assertEqual(self.ok("brief", who="bob")["acks"]["held"], 200)   # a lower bound
-        self.assertIn("held for you: 200+", self.call("brief", who="bob").text)
+        self.assertEqual(self.ok("brief", who="bob")["acks"]["held"], 5003)  # counted there
+        self.assertIn("held for you: 5003", self.call("brief", who="bob").text)
+        self.assertEqual(self.ok("ack", who="bob", upto=4000)["acked"], 4000)
+        self.assertEqual(self.ok("brief", who="bob")["acks"]["held"], 1003)
 
 
 class ReceiptTest(StoreCase):
@@ -4133,6 +4135,127 @@ class ServeBoundsTest(unittest.TestCase):
         again.request("GET", "/api", headers={"Host": f"{address}:{port}"})
         self.assertEqual(again.getresponse().status, 200)
         again.close()
+
+
+###############################################################################
+# Keeping the file: backup, check, replication ################################
+###############################################################################
+
+STEADY_WRITER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import agora
+store = agora.Store(sys.argv[2])
+for n in range(100000):
+    body = agora.call(store, "post", {"body": f"steady {n}"}, agora.Caller("writer", True)).body
+    print(body["id"], flush=True)           # acknowledged: committed
+"""
+
+
+class BackupCheckTest(unittest.TestCase):
+    """agora.py backup and check, on files other processes write to."""
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.db = os.path.join(self.dir, "agora.db")
+
+    def agora(self, *argv):
+        return subprocess.run([sys.executable, AGORA, *argv], capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ, AGORA_DB=""))
+
+    def test_a_backup_taken_while_another_process_writes_is_whole(self):
+        store = agora.Store(self.db)
+        self.addCleanup(store.close)
+        token = agora.call(store, "join", {"name": "keeper"}).body["token"]
+        for n in range(2000):                   # enough pages for a backup in steps
+            agora.call(store, "write_note", {"key": f"k{n}", "body": "x" * 400},
+                       agora.Caller("keeper", True))
+        writer = subprocess.Popen([sys.executable, "-c", STEADY_WRITER, HERE, self.db],
+                                  stdout=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: writer.poll() is None and writer.kill())
+        self.addCleanup(writer.stdout.close)
+        acknowledged = [int(read_line(writer.stdout)) for _ in range(50)]
+        copy = os.path.join(self.dir, "copy.db")
+        done = self.agora("backup", copy, "--db", self.db)
+        more = int(read_line(writer.stdout))   # it went on writing meanwhile
+        writer.kill()
+        writer.wait(10)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertRegex(done.stdout, r"backed up .* [\d.]+ (KB|MB), [\d,]+ messages, 0 tasks, "
+                                      r"2 agents, 2,000 notes\n$")
+        checked = self.agora("check", "--db", copy)
+        self.assertEqual(checked.returncode, 0, checked.stderr)
+        self.assertIn(f"schema {agora.SCHEMA_VERSION}", checked.stdout)
+        kept = sqlite3.connect(copy)
+        ids = {row[0] for row in kept.execute("SELECT id FROM messages")}
+        kept.close()
+        self.assertTrue(set(acknowledged) <= ids)
+        self.assertGreater(more, max(acknowledged))
+        self.assertEqual(os.stat(copy).st_mode & 0o777, 0o600)
+        served = agora.Store(copy)               # an ordinary agora file: tokens work
+        self.addCleanup(served.close)
+        self.assertEqual(served.agent_for_token(token), "keeper")
+
+    def test_a_backup_never_replaces_a_file_unasked(self):
+        agora.Store(self.db).close()
+        copy = os.path.join(self.dir, "copy.db")
+        with open(copy, "w") as f:
+            f.write("precious")
+        done = self.agora("backup", copy, "--db", self.db)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn("exists", done.stderr)
+        with open(copy) as f:
+            self.assertEqual(f.read(), "precious")
+        self.assertEqual(self.agora("backup", copy, "--db", self.db, "--force").returncode, 0)
+        self.assertEqual(self.agora("check", "--db", copy).returncode, 0)
+        self.assertEqual(sorted(os.listdir(self.dir)), ["agora.db", "copy.db"])   # no leftovers
+
+    def test_check_says_ok_damaged_or_usage_never_a_traceback(self):
+        store = agora.Store(self.db)
+        for n in range(3000):
+            agora.call(store, "post", {"body": f"message {n} " + "y" * 200},
+                       agora.Caller("writer", True))
+        store.close()
+        done = self.agora("check", "--db", self.db)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertRegex(done.stdout, r"^ok: .*, schema \d+, .*3,000 messages")
+        size = os.path.getsize(self.db)
+        with open(self.db, "r+b") as f:
+            f.seek(size // 2)
+            f.write(os.urandom(8192))
+        done = self.agora("check", "--db", self.db)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn("is damaged", done.stderr)
+        self.assertRegex(done.stderr, r"(page|malformed|Tree|btree|database disk image)")
+        self.assertNotIn("Traceback", done.stderr)
+        self.assertEqual(self.agora("check", "--db", os.path.join(self.dir, "none.db"))
+                         .returncode, 1)
+        self.assertEqual(self.agora("check", "extra", "--db", self.db).returncode, 2)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "none.db")))
+
+    def test_a_replicators_tables_do_not_make_a_new_file_foreign(self):
+        con = sqlite3.connect(self.db)
+        con.execute("CREATE TABLE _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER)")
+        con.execute("CREATE TABLE _litestream_lock (id INTEGER)")
+        con.commit()
+        con.close()
+        store = agora.Store(self.db)
+        self.addCleanup(store.close)
+        self.assertEqual(agora.call(store, "post", {"body": "replicated"},
+                                    agora.Caller("a", True)).status, 200)
+
+    def test_serve_ends_cleanly_however_many_stop_signals_come(self):
+        import signal
+        process = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
+                                    "--db", self.db, "--quiet"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: process.poll() is None and process.kill())
+        self.assertIn("listening on", read_line(process.stdout))
+        for _ in range(3):                      # a supervisor and the group, both
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.005)
+        out, err = process.communicate(timeout=30)
+        self.assertEqual((process.returncode, err), (0, ""))
 
 
 ###############################################################################

