@@ -19,9 +19,26 @@ Run it::
     python3 agora.py backup /backups/agora.db    # a consistent copy, while others write
     python3 agora.py check                       # the file's integrity, schema and counts
     python3 agora.py ops                         # every operation and its arguments
-    python3 agora.py post body=hi --url http://server:8820 --token agora_...
+    python3 agora.py post body=hi --url http://server:8820 --token-file ~/.agora-token
 
 The database is ``--db PATH``, else ``$AGORA_DB``, else ``~/.agora/agora.db``.
+
+The file, top to bottom (each part builds only on what comes before it):
+
+    Constants and schema   limits, name rules, the SQL schema and its migrations
+    Errors                 AgoraError and its classes, each with its HTTP status
+    JSON on the wire       strict parsing, compact encoding
+    Store                  the SQLite file: pooled connections, group commit, waiting
+    Operation catalog      Operation and the argument rules; each domain's rules
+                           (messages, tasks, news, notes, reservations); the handlers
+                           (agents, channels, news, tasks, notes, reservations)
+    Dispatch               validation from the schema, identity, call()
+    JSON-RPC, MCP, A2A     the envelope the two share, and each protocol over call()
+    HTTP                   the faces (REST, MCP, A2A, the card, the page), framing
+    stdio, Remote          MCP on stdin/stdout; the CLI and the bridge to a server
+    Command line           backup and check; waking (hooks, wait, the channel);
+                           the git guard; serve; main
+    Web                    the page's HTML, CSS and script (inert data)
 """
 
 import contextlib
@@ -64,7 +81,7 @@ SLUG = r"^[a-z0-9._-]{1,48}$"
 CHANNEL_OR_MAILBOX = r"^@?[a-z0-9._-]{1,48}$"
 NOTE_KEY = r"^(?=.{1,48}$)(?!(.*/)?\.\.?(/|$))[a-z0-9._-]+(/[a-z0-9._-]+)*$"
 PROJECT = r"^([a-z0-9._-]{1,48})?$"
-A2A_PAGE_TOKEN = r"^([0-9]{1,18}\.[0-9]{1,18})?$"
+PAGE_TOKEN = r"^([0-9]{1,18}\.[0-9]{1,18})?$"
 
 # The rule a pattern stands for, as a person would say it in an error.
 PATTERN_RULES = {
@@ -74,7 +91,7 @@ PATTERN_RULES = {
     NOTE_KEY: "1-48 characters of a-z 0-9 . _ - in parts separated by single '/' "
               "(no '.' or '..' parts)",
     PROJECT: '"" or 1-48 characters of a-z 0-9 . _ -',
-    A2A_PAGE_TOKEN: "a page token this server gave",
+    PAGE_TOKEN: "a page token this server gave",
 }
 
 SCHEMA_VERSION = 8
@@ -485,9 +502,9 @@ class GroupCommit:
     the same thread is a savepoint of the same transaction.
     """
 
-    def __init__(self, acquire, release, committed, before_commit):
-        self.acquire, self.release, self.on_commit = acquire, release, committed
-        self.before_commit = before_commit
+    def __init__(self, acquire, release, on_commit, before_commit):
+        self.acquire, self.release = acquire, release
+        self.on_commit, self.before_commit = on_commit, before_commit
         self.lock = threading.Lock()
         self.queue_lock = threading.Lock()
         self.queued = 0             # writers waiting for the lock
@@ -708,8 +725,11 @@ class Store:
             con.execute("BEGIN")
             try:
                 yield con
-            finally:
-                con.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):    # the block's error is the news
+                    con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
         finally:
             self._release(con)
 
@@ -927,12 +947,17 @@ caller is whoever holds TOKEN (None: no token was sent).
 # any agent's token).
 OPERATOR = Caller(None, True)
 
-Result = namedtuple("Result", "status body text")
-Result.__doc__ = """An operation's answer: an HTTP-ish status, a JSON body, a compact text."""
+Result = namedtuple("Result", "body text")
+Result.__doc__ = """An operation's answer: its JSON body and a compact text (a refusal is an
+AgoraError instead, which carries the status)."""
 
 
-class Operation(namedtuple("Operation", "name summary schema readonly open handler")):
-    """One catalog entry: every face (REST, MCP, CLI) is derived from these."""
+class Operation(namedtuple("Operation", "name summary schema readonly open hidden handler")):
+    """One catalog entry: every face (REST, MCP, CLI, A2A) is derived from these.
+
+    A HIDDEN operation is one a face is built on rather than one it offers: call()
+    serves it like any other (identity, validation, touch, refusals), but no face
+    lists it (public_operations)."""
 
     __slots__ = ()
 
@@ -955,7 +980,8 @@ class Operation(namedtuple("Operation", "name summary schema readonly open handl
 CATALOG = {}
 
 
-def operation(name, summary, properties=None, required=(), readonly=False, open=False):
+def operation(name, summary, properties=None, required=(), readonly=False, open=False,
+              hidden=False):
     """Register the decorated handler as operation NAME in the catalog."""
     schema = {"type": "object", "properties": properties or {},
               "additionalProperties": False}
@@ -963,9 +989,20 @@ def operation(name, summary, properties=None, required=(), readonly=False, open=
         schema["required"] = list(required)
 
     def register(handler):
-        CATALOG[name] = Operation(name, summary, schema, readonly, open, handler)
+        CATALOG[name] = Operation(name, summary, schema, readonly, open, hidden, handler)
         return handler
     return register
+
+
+def public_operations():
+    """Answer the operations the faces offer, in catalog order (the hidden ones left out)."""
+    return [op for op in CATALOG.values() if not op.hidden]
+
+
+def offered(name):
+    """Answer the operation NAME if the faces offer it, else None."""
+    op = CATALOG.get(name) if isinstance(name, str) else None
+    return op if op is not None and not op.hidden else None
 
 
 def _string(low=0, high=None, description=None, pattern=None, default=None):
@@ -1004,7 +1041,7 @@ TAGS = {"type": "array", "items": NAME, "maxItems": 20,
         "description": "list or comma string"}
 
 
-# Helpers shared by the handlers ----------------------------------------------
+# Text for a model: ages, clipped lines, counts -------------------------------
 
 def age(seconds):
     """Answer a short age such as ``45s``, ``3m``, ``2h`` or ``4d``."""
@@ -1021,9 +1058,41 @@ def clip(text, width=80):
     return line if len(line) <= width else line[:width - 1] + "…"
 
 
+def count_text(count, capped=None):
+    """Answer a COUNT as said to an agent, "200+" when it is a lower bound: when CAPPED, or
+    (not given) when a single count reached COUNT_CAP."""
+    return f"{count}+" if (count >= COUNT_CAP if capped is None else capped) else str(count)
+
+
+def more_text(limit):
+    """Answer the line that ends a listing cut at LIMIT items."""
+    return f"(more than {limit}" + (f"; limit={MAX_LIMIT} shows up to {MAX_LIMIT})"
+                                    if limit < MAX_LIMIT else ")")
+
+
+def _size(count):
+    return f"{count / 1000:.1f}k" if count >= 1000 else f"{count}c"
+
+
+
+# Messages: mailboxes, who sees what, what is unread or held ------------------
+
+MAILBOX_PREFIX = "@"        # a channel named @NAME is agent NAME's mailbox
+
+
 def mailbox(name):
     """Answer the mailbox channel of agent NAME."""
-    return "@" + name
+    return MAILBOX_PREFIX + name
+
+
+def mailbox_owner(channel):
+    """Answer the agent whose mailbox CHANNEL is, or None for a channel."""
+    return channel[len(MAILBOX_PREFIX):] if channel.startswith(MAILBOX_PREFIX) else None
+
+
+def is_mailbox_sql(column):
+    """Answer SQL that is true when COLUMN names a mailbox."""
+    return f"substr({column}, 1, {len(MAILBOX_PREFIX)}) = '{MAILBOX_PREFIX}'"
 
 
 def _message(row, redelivered=0):
@@ -1049,95 +1118,10 @@ def _message_line(message, now):
             f"{age(now - message['ts'])}{reply}{marks}: {body}")
 
 
-# The board's one rule of time: a claimed task whose lease ran out counts as
-# open. Every query and record of a task says it through TASK_STATE.
-TASK_STATE = ("(CASE WHEN status = 'claimed' AND lease_until <= :now THEN 'open' "
-              "ELSE status END)")
-# A task waits while a task in its `after` is not done; an open task waiting for
-# nothing is ready. (A failed or cancelled blocker keeps it waiting.)
-WAITING = ("EXISTS (SELECT 1 FROM task_deps d JOIN tasks b ON b.id = d.after_id "
-           "WHERE d.task_id = tasks.id AND b.status != 'done')")
-TASK_ROWS = (f"SELECT *, {TASK_STATE} AS state, (SELECT group_concat(after_id) FROM task_deps "
-             "WHERE task_id = tasks.id) AS after_ids, (SELECT group_concat(d.after_id) "
-             "FROM task_deps d JOIN tasks b ON b.id = d.after_id WHERE d.task_id = tasks.id "
-             "AND b.status != 'done') AS waiting_ids FROM tasks")
-OPEN_TASK = f"status IN ('open', 'claimed') AND {TASK_STATE} = 'open'"
-READY_TASK = f"{OPEN_TASK} AND NOT {WAITING}"
-BLOCKED_TASK = f"{OPEN_TASK} AND {WAITING}"
-HELD_TASK = f"status = 'claimed' AND {TASK_STATE} = 'claimed'"
-# A task became ready to claim since an agent was told (:told, a ready_seq, and
-# :told_lease, a time): numbered by became_ready when a write makes it so, or put back
-# by its lease running out, which the lease itself says. With READY_TASK: still ready.
-NEWLY_READY = ("(ready_seq > :told OR status = 'claimed' AND lease_until > :told_lease "
-               "AND lease_until <= :now)")
-
-
-def _ids(text):
-    return sorted(int(part) for part in text.split(",")) if text else []
-
-
-def _task(row):
-    """Answer the task record of a TASK_ROWS row, in its state as of the query."""
-    task = {key: row[key] for key in ("id", "title", "body", "poster", "owner",
-                                      "lease_until", "result", "priority", "created",
-                                      "updated")}
-    task["status"] = row["state"]
-    task["tags"] = row["tags"].split(",") if row["tags"] else []
-    task["after"], task["waiting_for"] = _ids(row["after_ids"]), _ids(row["waiting_ids"])
-    if row["state"] != row["status"]:
-        task.update(owner=None, lease_until=None)
-    return task
-
-
-def _task_line(task, now):
-    state = task["status"]
-    if state == "claimed":
-        state = f"claimed by {task['owner']} ({age(task['lease_until'] - now)} left)"
-    elif state in ("done", "failed") and task["owner"]:
-        state = f"{state} by {task['owner']}"
-    if state == "open" and task["waiting_for"]:
-        state = "waits for " + ", ".join(f"#{i}" for i in task["waiting_for"])
-    priority = f" p{task['priority']}" if task["priority"] else ""
-    tags = f" [{','.join(task['tags'])}]" if task["tags"] else ""
-    line = (f"#{task['id']} {state}{priority} \"{clip(task['title'], 100)}\"{tags} "
-            f"by {task['poster']} {age(now - task['created'])}")
-    if task["result"] and task["status"] in ("done", "failed"):
-        line += f": {clip(task['result'])}"
-    return line
-
-
-def more_text(limit):
-    """Answer the line that ends a listing cut at LIMIT items."""
-    return f"(more than {limit}" + (f"; limit={MAX_LIMIT} shows up to {MAX_LIMIT})"
-                                    if limit < MAX_LIMIT else ")")
-
-
-def _note(row, with_body=True):
-    note = {key: row[key] for key in ("project", "key", "author", "version", "updated")}
-    if with_body:
-        note["body"] = row["body"]
-    note["deleted"] = bool(row["deleted"])
-    return note
-
-
-def _note_name(note):
-    return f"{note['project']}:{note['key']}" if note["project"] else note["key"]
-
-
-def _size(count):
-    return f"{count / 1000:.1f}k" if count >= 1000 else f"{count}c"
-
-
-def _note_line(note, now, size=None):
-    line = (f"{_note_name(note)} v{note['version']} {note['author']} "
-            f"{age(now - note['updated'])}")
-    return line if size is None else f"{line} {_size(size)}"
-
-
 def _visible_sql(alias=""):
     """SQL that keeps the messages the caller (:me, :mailbox) may see: any channel's,
     and of mailboxes only the caller's own and what the caller sent."""
-    return (f"(substr({alias}channel, 1, 1) != '@' OR {alias}channel = :mailbox "
+    return (f"(NOT {is_mailbox_sql(alias + 'channel')} OR {alias}channel = :mailbox "
             f"OR {alias}sender = :me)")
 
 
@@ -1160,19 +1144,10 @@ def _follow(db, agent, channel):
     return "already"
 
 
-def _create_agent(db, name, now, about="", token_hash=None):
-    """Create agent NAME, following public and told up to now (as a follower reads from now)."""
-    db.execute(f"INSERT INTO agents (name, about, token_hash, created, seen, told_id, "
-               f"told_ready, told_lease) VALUES (?, ?, ?, ?, ?, ({NEWEST_MESSAGE}), "
-               f"({NEWEST_READY}), ?)", (name, about, token_hash, now, now, now))
-    db.execute("INSERT INTO cursors (agent, channel, following, last_id) VALUES (?, ?, 1, 0)",
-               (name, mailbox(name)))
-    _follow(db, name, "public")
-
-
-def _agent_exists(db, name):
-    return name != SYSTEM_SENDER and db.execute(
-        "SELECT 1 FROM agents WHERE name = ?", (name,)).fetchone() is not None
+def _tell(db, agent, text, now):
+    """Post TEXT into AGENT's mailbox as the board itself."""
+    db.execute("INSERT INTO messages (channel, sender, body, ts) VALUES (?, ?, ?, ?)",
+               (mailbox(agent), SYSTEM_SENDER, text, now))
 
 
 def _digest(channel, body, reply_to):
@@ -1181,31 +1156,24 @@ def _digest(channel, body, reply_to):
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "big", signed=True)
 
 
-def _tell(db, agent, text, now):
-    """Post TEXT into AGENT's mailbox as the board itself."""
-    db.execute("INSERT INTO messages (channel, sender, body, ts) VALUES (?, ?, ?, ?)",
-               (mailbox(agent), SYSTEM_SENDER, text, now))
-
-
 # Where a reader's cursor stands: past what it was given, except that the messages of
 # a hold that ran out (past acked_id) are to be given again. The one rule of "unread
 # for me", with UNREAD_FOR_ME: in my mailbox or a channel I follow, past where my
 # cursor stands, not written by me.
 READ_FROM = "(CASE WHEN c.held_until <= :now THEN c.acked_id ELSE c.last_id END)"
+
+
 MY_CURSORS = "c.agent = :me AND c.following = 1"
+
+
 UNREAD_FOR_ME = (f"m.channel = c.channel AND m.id > max({READ_FROM}, :after) AND m.sender != :me "
                  "AND (c.acked_past IS NULL OR instr(',' || c.acked_past || ',', "
                  "',' || m.id || ',') = 0)")
 
+
 Counts = namedtuple("Counts", "channels total capped newest")
-Counts.__doc__ = """Messages counted per channel ({channel: n}), their TOTAL, whether a
-channel's count stopped at COUNT_CAP (then the total is a lower bound), the newest id."""
-
-
-def count_text(count, capped=None):
-    """Answer a COUNT as said to an agent, "200+" when it is a lower bound: when CAPPED, or
-    (not given) when a single count reached COUNT_CAP."""
-    return f"{count}+" if (count >= COUNT_CAP if capped is None else capped) else str(count)
+Counts.__doc__ = """Messages counted per channel ({channel: n}), their TOTAL, whether some
+count stopped at COUNT_CAP (the total is then a lower bound), and the newest id."""
 
 
 def _count(db, channel, after, upto, me, skip="", cap=COUNT_CAP):
@@ -1242,6 +1210,111 @@ def _held(db, me, now):
                             "WHERE agent = ? AND held_until > ?", (me, now)).fetchone())
 
 
+
+# Tasks: states, leases and readiness -----------------------------------------
+
+UNFINISHED = ("open", "claimed")            # a task can still move on from these
+
+
+FINISHED = ("done", "failed", "cancelled")  # and never from these
+
+
+WITH_RESULT = ("done", "failed")            # finished by its holder, with a result
+
+
+def sql_set(values):
+    """Answer VALUES (constant strings) as an SQL list: ('a', 'b')."""
+    return "(" + ", ".join(f"'{value}'" for value in values) + ")"
+
+
+# The board's one rule of time: a claimed task whose lease ran out counts as
+# open. Every query and record of a task says it through TASK_STATE.
+TASK_STATE = ("(CASE WHEN status = 'claimed' AND lease_until <= :now THEN 'open' "
+              "ELSE status END)")
+
+
+# A task waits while a task in its `after` is not done; an open task waiting for
+# nothing is ready. (A failed or cancelled blocker keeps it waiting.)
+WAITING = ("EXISTS (SELECT 1 FROM task_deps d JOIN tasks b ON b.id = d.after_id "
+           "WHERE d.task_id = tasks.id AND b.status != 'done')")
+
+
+TASK_ROWS = (f"SELECT *, {TASK_STATE} AS state, (SELECT group_concat(after_id) FROM task_deps "
+             "WHERE task_id = tasks.id) AS after_ids, (SELECT group_concat(d.after_id) "
+             "FROM task_deps d JOIN tasks b ON b.id = d.after_id WHERE d.task_id = tasks.id "
+             "AND b.status != 'done') AS waiting_ids FROM tasks")
+
+
+OPEN_TASK = f"status IN {sql_set(UNFINISHED)} AND {TASK_STATE} = 'open'"
+
+
+READY_TASK = f"{OPEN_TASK} AND NOT {WAITING}"
+
+
+BLOCKED_TASK = f"{OPEN_TASK} AND {WAITING}"
+
+
+HELD_TASK = f"status = 'claimed' AND {TASK_STATE} = 'claimed'"
+
+
+# A task became ready to claim since an agent was told (:told, a ready_seq, and
+# :told_lease, a time): numbered by became_ready when a write makes it so, or put back
+# by its lease running out, which the lease itself says. With READY_TASK: still ready.
+NEWLY_READY = ("(ready_seq > :told OR status = 'claimed' AND lease_until > :told_lease "
+               "AND lease_until <= :now)")
+
+
+def _ids(text):
+    return sorted(int(part) for part in text.split(",")) if text else []
+
+
+def _task(row):
+    """Answer the task record of a TASK_ROWS row, in its state as of the query."""
+    task = {key: row[key] for key in ("id", "title", "body", "poster", "owner",
+                                      "lease_until", "result", "priority", "created",
+                                      "updated")}
+    task["status"] = row["state"]
+    task["tags"] = row["tags"].split(",") if row["tags"] else []
+    task["after"], task["waiting_for"] = _ids(row["after_ids"]), _ids(row["waiting_ids"])
+    if row["state"] != row["status"]:
+        task.update(owner=None, lease_until=None)
+    return task
+
+
+def _task_line(task, now):
+    state = task["status"]
+    if state == "claimed":
+        state = f"claimed by {task['owner']} ({age(task['lease_until'] - now)} left)"
+    elif state in WITH_RESULT and task["owner"]:
+        state = f"{state} by {task['owner']}"
+    if state == "open" and task["waiting_for"]:
+        state = "waits for " + ", ".join(f"#{i}" for i in task["waiting_for"])
+    priority = f" p{task['priority']}" if task["priority"] else ""
+    tags = f" [{','.join(task['tags'])}]" if task["tags"] else ""
+    line = (f"#{task['id']} {state}{priority} \"{clip(task['title'], 100)}\"{tags} "
+            f"by {task['poster']} {age(now - task['created'])}")
+    if task["result"] and task["status"] in WITH_RESULT:
+        line += f": {clip(task['result'])}"
+    return line
+
+
+def became_ready(db, task_ids, now):
+    """Number those tasks of TASK_IDS that became ready to claim, so that news tells of
+    each once: the one decision of "ready", which every write that may make a task
+    claimable asks (posting it, changing its after, finishing what it waits for,
+    releasing it). A task is numbered when it is ready and was not since it last
+    stopped being (a claim, or a new wait, clears the number). A lease that runs out
+    needs no write: NEWLY_READY reads it off the lease."""
+    for task_id in task_ids:
+        if db.execute(f"UPDATE tasks SET ready_seq = ({NEWEST_READY}) + 1 WHERE id = :id AND "
+                      f"ready_seq IS NULL AND {READY_TASK}", {"id": task_id, "now": now}
+                      ).rowcount:
+            db.execute("UPDATE counters SET value = value + 1 WHERE name = 'ready'")
+
+
+
+# News: what an agent has been told -------------------------------------------
+
 def _mark_told(db, me, now, message_id=None, ready=False):
     """Record that ME has been told of messages up to MESSAGE_ID, and (READY) of every
     task that became ready so far (NEWLY_READY): news will not report them again."""
@@ -1252,6 +1325,71 @@ def _mark_told(db, me, now, message_id=None, ready=False):
         db.execute(f"UPDATE agents SET told_ready = ({NEWEST_READY}), told_lease = ? "
                    "WHERE name = ?", (now, me))
 
+
+NEWS_PREVIEWS = 5          # messages news shows; its count covers the rest
+
+
+PREVIEW_LENGTH = 120
+
+
+def _untold(db, me, with_tasks, now):
+    """Answer (previews, their Counts, ready tasks) of what ME has not been told yet."""
+    told_id, told_ready, told_lease = db.execute(
+        "SELECT told_id, told_ready, told_lease FROM agents WHERE name = ?", (me,)).fetchone()
+    counts = _unread(db, me, now, after=told_id)
+    previews = []
+    if counts.total:
+        rows = db.execute(
+            f"SELECT m.* FROM cursors c JOIN messages m ON {UNREAD_FOR_ME} WHERE {MY_CURSORS} "
+            "ORDER BY m.id LIMIT :limit",
+            {"me": me, "now": now, "after": told_id, "limit": NEWS_PREVIEWS}).fetchall()
+        previews = [dict({key: row[key] for key in ("id", "channel", "sender", "reply_to",
+                                                    "ts")},
+                         preview=clip(row["body"], PREVIEW_LENGTH),
+                         **({"ack": True} if row["asks_ack"] else {})) for row in rows]
+    tasks = []
+    if with_tasks:
+        tasks = [_task(row) for row in db.execute(
+            f"{TASK_ROWS} WHERE {NEWLY_READY} AND {READY_TASK} AND poster != :me "
+            "ORDER BY id LIMIT :limit",
+            {"told": told_ready, "told_lease": told_lease, "me": me, "now": now,
+             "limit": NEWS_PREVIEWS})]
+    return previews, counts, tasks
+
+
+def news_summary(previews, count, tasks, now, capped=None):
+    """Answer news as text: a line per preview as read writes them, then the ready tasks;
+    COUNT (a lower bound when CAPPED) covers messages past the previews."""
+    lines = [_message_line(dict(preview, body=preview["preview"]), now) for preview in previews]
+    if count > len(previews):
+        lines.append(f"({count_text(count - len(previews), capped)} more; read takes them)")
+    lines += [f"ready: {_task_line(task, now)}" for task in tasks]
+    return "\n".join(lines) or "nothing new"
+
+
+
+# Notes: revisions ------------------------------------------------------------
+
+def _note(row, with_body=True):
+    note = {key: row[key] for key in ("project", "key", "author", "version", "updated")}
+    if with_body:
+        note["body"] = row["body"]
+    note["deleted"] = bool(row["deleted"])
+    return note
+
+
+def _note_name(note):
+    return f"{note['project']}:{note['key']}" if note["project"] else note["key"]
+
+
+def _note_line(note, now, size=None):
+    line = (f"{_note_name(note)} v{note['version']} {note['author']} "
+            f"{age(now - note['updated'])}")
+    return line if size is None else f"{line} {_size(size)}"
+
+
+
+# Reservations: the glob language and who keeps off whose paths ---------------
 
 # Path reservations: glob patterns of relative paths. A segment is a glob in which
 # '*' is any run of characters (none included) and '?' one character, never '/';
@@ -1357,16 +1495,19 @@ def literal_ends(pattern):
     return prefix, suffix
 
 
-def reservation_conflicts(patterns, exclusive, held):
+def reservation_conflicts(patterns, exclusive, held, plain=False):
     """Answer [(pattern, reservation)]: the one rule of who keeps off whose paths. A
     reservation of PATTERNS (EXCLUSIVE or shared) conflicts with a HELD reservation of
-    another agent when their patterns overlap and at least one side is exclusive.
+    another agent when their patterns overlap and at least one side is exclusive; a
+    PLAIN path (the guard's, its '*' a character) when it matches an exclusive one.
 
     Two patterns whose literal ends disagree (one prefix does not begin the other, or
     one suffix does not end the other) cannot overlap: most pairs are told apart so,
     and only the rest are decided exactly.
     """
     segments, conflicts, checked = {}, [], 0
+    if plain:
+        patterns = [path.strip("/") for path in patterns]
     others = [(other, literal_ends(other["path"])) for other in held
               if exclusive or other["exclusive"]]
     for pattern in patterns:
@@ -1377,7 +1518,8 @@ def reservation_conflicts(patterns, exclusive, held):
                 checked += 1
                 if not checked % 64:
                     time.sleep(0)   # hand the GIL on often: other requests go on meanwhile
-                if patterns_overlap(pattern, other["path"], segments):
+                if (path_matches(other["path"], pattern) if plain
+                        else patterns_overlap(pattern, other["path"], segments)):
                     conflicts.append((pattern, other))
     return conflicts
 
@@ -1403,7 +1545,29 @@ def _reservation_line(reservation, now):
 LIVE_RESERVATION = "expires > :now"
 
 
-# Agents -----------------------------------------------------------------------
+CONFLICT_FIELDS = ("agent", "path", "exclusive", "reason", "expires")
+
+
+NOTHING_RESERVED = "nothing keeps you off them"
+
+
+
+# Agents ----------------------------------------------------------------------
+
+def _create_agent(db, name, now, about="", token_hash=None):
+    """Create agent NAME, following public and told up to now (as a follower reads from now)."""
+    db.execute(f"INSERT INTO agents (name, about, token_hash, created, seen, told_id, "
+               f"told_ready, told_lease) VALUES (?, ?, ?, ?, ?, ({NEWEST_MESSAGE}), "
+               f"({NEWEST_READY}), ?)", (name, about, token_hash, now, now, now))
+    db.execute("INSERT INTO cursors (agent, channel, following, last_id) VALUES (?, ?, 1, 0)",
+               (name, mailbox(name)))
+    _follow(db, name, "public")
+
+
+def _agent_exists(db, name):
+    return name != SYSTEM_SENDER and db.execute(
+        "SELECT 1 FROM agents WHERE name = ?", (name,)).fetchone() is not None
+
 
 def may_rotate(caller, name):
     """Answer whether CALLER may rotate NAME's token: its own, or anyone's for the operator
@@ -1448,7 +1612,7 @@ def op_join(store, caller, args, now):
             else:
                 _create_agent(db, name, now, args["about"] or "", hash_token(token))
                 done = f"joined as {name}"
-    return Result(200, {"agent": name, "token": token},
+    return Result({"agent": name, "token": token},
                   f"{done}. token (shown once): {token}\n"
                   f"send it as 'Authorization: Bearer <token>'; call brief first")
 
@@ -1542,7 +1706,7 @@ def op_brief(store, caller, args, now):
             "open": {"count": open_count, "blocked": blocked, "top": top},
             "notes_changed": changed,
             "hint": hint}
-    return Result(200, body, "\n".join(lines))
+    return Result(body, "\n".join(lines))
 
 
 @operation("profile", "Change what you say about yourself.",
@@ -1551,7 +1715,7 @@ def op_profile(store, caller, args, now):
     """Replace the caller's about text."""
     with store.transaction(write=True) as db:
         db.execute("UPDATE agents SET about = ? WHERE name = ?", (args["about"], caller.name))
-    return Result(200, {"agent": caller.name}, f"{caller.name}: about updated")
+    return Result({"agent": caller.name}, f"{caller.name}: about updated")
 
 
 @operation("agents", "Who is here: status, about and last seen, most recent first.",
@@ -1572,10 +1736,11 @@ def op_agents(store, caller, args, now):
         if agent["about"]:
             line += f" — {clip(agent['about'], 100)}"
         lines.append(line)
-    return Result(200, {"agents": agents}, "\n".join(lines) or "nobody yet")
+    return Result({"agents": agents}, "\n".join(lines) or "nobody yet")
 
 
-# Channels and messages ----------------------------------------------------------
+
+# Channels and messages -------------------------------------------------------
 
 @operation("channels", "Channels with message counts, whether you follow each, your unread "
            "count.", readonly=True)
@@ -1600,7 +1765,7 @@ def op_channels(store, caller, args, now):
         if ch["about"]:
             line += f" — {clip(ch['about'], 100)}"
         lines.append(line)
-    return Result(200, {"channels": channels}, "\n".join(lines))
+    return Result({"channels": channels}, "\n".join(lines))
 
 
 @operation("create_channel", "Create a channel; you follow it.",
@@ -1614,7 +1779,7 @@ def op_create_channel(store, caller, args, now):
         db.execute("INSERT INTO channels (name, about, created_by, created) "
                    "VALUES (?, ?, ?, ?)", (name, args["about"] or "", caller.name, now))
         _follow(db, caller.name, name)
-    return Result(200, {"channel": name}, f"created channel {name}; you follow it")
+    return Result({"channel": name}, f"created channel {name}; you follow it")
 
 
 def _require_channel(db, name):
@@ -1633,7 +1798,7 @@ def op_follow(store, caller, args, now):
     text = {"new": f"following {channel}: read delivers what is posted from now on",
             "resumed": f"following {channel} again: read resumes where you stopped",
             "already": f"already following {channel}"}[how]
-    return Result(200, {"channel": channel, "following": True}, text)
+    return Result({"channel": channel, "following": True}, text)
 
 
 @operation("unfollow", "Stop reading a channel (your place in it is kept).",
@@ -1645,7 +1810,7 @@ def op_unfollow(store, caller, args, now):
         _require_channel(db, channel)
         db.execute("UPDATE cursors SET following = 0 WHERE agent = ? AND channel = ?",
                    (caller.name, channel))
-    return Result(200, {"channel": channel, "following": False},
+    return Result({"channel": channel, "following": False},
                   f"stopped following {channel}")
 
 
@@ -1676,8 +1841,8 @@ def op_post(store, caller, args, now):
     me, channel, to = caller.name, args["channel"], args["to"]
     if channel is not None and to is not None:
         raise BadRequest("give channel or to, not both")
-    if channel is not None and channel.startswith("@"):
-        to = channel[1:]
+    if channel is not None and mailbox_owner(channel) is not None:
+        to = mailbox_owner(channel)
     if args["ack"] and to is None:
         raise BadRequest("ack asks one recipient to acknowledge: it goes with direct mail",
                          hint="post to=AGENT ack=true")
@@ -1700,14 +1865,14 @@ def op_post(store, caller, args, now):
             "INSERT INTO messages (channel, sender, body, reply_to, ts, digest, asks_ack) "
             "SELECT :channel, :sender, :body, :reply_to, :now, :digest, :asks_ack "
             "WHERE NOT EXISTS "
-            f"(SELECT 1 FROM messages WHERE {SAME_POST}) AND (substr(:channel, 1, 1) = '@' "
+            f"(SELECT 1 FROM messages WHERE {SAME_POST}) AND ({is_mailbox_sql(':channel')} "
             "OR EXISTS (SELECT 1 FROM channels WHERE name = :channel))", same)
         if not inserted.rowcount:
             row = db.execute(f"SELECT id, ts FROM messages WHERE {SAME_POST} "
                              "ORDER BY id DESC LIMIT 1", same).fetchone()
             if row is None:
                 _require_channel(db, channel)
-            return Result(200, {"id": row["id"], "channel": channel, "dup": True},
+            return Result({"id": row["id"], "channel": channel, "dup": True},
                           f"#{row['id']} was already posted to {channel} "
                           f"{age(now - row['ts'])} ago; not stored twice")
         message_id = inserted.lastrowid
@@ -1715,7 +1880,7 @@ def op_post(store, caller, args, now):
             db.execute("INSERT INTO receipts (message_id, sender, recipient, asked) "
                        "VALUES (?, ?, ?, ?)", (message_id, me, to, now))
     asked = f"; {to} is asked to acknowledge it" if args["ack"] else ""
-    return Result(200, {"id": message_id, "channel": channel, "dup": False},
+    return Result({"id": message_id, "channel": channel, "dup": False},
                   f"posted #{message_id} to {channel}{asked}")
 
 
@@ -1764,11 +1929,11 @@ def _deliver(db, me, limit, now, hold=0):
     cursors = {row["channel"]: row for row in db.execute(
         "SELECT * FROM cursors WHERE agent = :me AND following = 1", where)}
     batch = []
-    for channel, cursor in cursors.items():
-        final = _ids(cursor["acked_past"])
-        batch += db.execute("SELECT * FROM messages WHERE channel = ? AND id > ? AND sender != ? "
-                            f"AND id NOT IN ({','.join('?' * len(final))}) ORDER BY id LIMIT ?",
-                            (channel, cursor["last_id"], me, *final, limit + 1)).fetchall()
+    for channel in cursors:
+        batch += db.execute(f"SELECT m.* FROM cursors c JOIN messages m ON {UNREAD_FOR_ME} "
+                            "WHERE c.agent = :me AND c.channel = :channel ORDER BY m.id "
+                            "LIMIT :limit", dict(where, channel=channel, after=0,
+                                                 limit=limit + 1)).fetchall()
     batch.sort(key=lambda row: row["id"])
     delivered, newest, given = [], {}, {}
     for row in batch[:limit]:
@@ -1798,8 +1963,7 @@ HOLD = _integer(0, 86400, "seconds until unacked messages come back", default=0)
 
 
 @operation("read", "Deliver your new messages (mailbox, followed channels) once each, "
-           "oldest first; wait blocks until some arrive; hold keeps them coming back "
-           "until you ack.",
+           "oldest first; wait blocks for some; hold: they come back until you ack.",
            {"limit": LIMIT, "wait": _integer(0, MAX_WAIT, "seconds", default=0),
             "hold": HOLD})
 def op_read(store, caller, args, now):
@@ -1827,82 +1991,11 @@ def op_read(store, caller, args, now):
     if not messages:
         lines.append(waited_text(args["wait"], poll) if args["wait"]
                      else f"nothing new (read wait={MAX_WAIT} waits for mail)")
-    return Result(200, body, "\n".join(lines))
+    return Result(body, "\n".join(lines))
 
 
-NEWS_PREVIEWS = 5          # messages news shows; its count covers the rest
-PREVIEW_LENGTH = 120
-
-
-def _untold(db, me, with_tasks, now):
-    """Answer (previews, their Counts, ready tasks) of what ME has not been told yet."""
-    told_id, told_ready, told_lease = db.execute(
-        "SELECT told_id, told_ready, told_lease FROM agents WHERE name = ?", (me,)).fetchone()
-    counts = _unread(db, me, now, after=told_id)
-    previews = []
-    if counts.total:
-        rows = db.execute(
-            f"SELECT m.* FROM cursors c JOIN messages m ON {UNREAD_FOR_ME} WHERE {MY_CURSORS} "
-            "ORDER BY m.id LIMIT :limit",
-            {"me": me, "now": now, "after": told_id, "limit": NEWS_PREVIEWS}).fetchall()
-        previews = [dict({key: row[key] for key in ("id", "channel", "sender", "reply_to",
-                                                    "ts")},
-                         preview=clip(row["body"], PREVIEW_LENGTH),
-                         **({"ack": True} if row["asks_ack"] else {})) for row in rows]
-    tasks = []
-    if with_tasks:
-        tasks = [_task(row) for row in db.execute(
-            f"{TASK_ROWS} WHERE {NEWLY_READY} AND {READY_TASK} AND poster != :me "
-            "ORDER BY id LIMIT :limit",
-            {"told": told_ready, "told_lease": told_lease, "me": me, "now": now,
-             "limit": NEWS_PREVIEWS})]
-    return previews, counts, tasks
-
-
-def news_summary(previews, count, tasks, now, capped=None):
-    """Answer news as text: a line per preview as read writes them, then the ready tasks;
-    COUNT (a lower bound when CAPPED) covers messages past the previews."""
-    lines = [_message_line(dict(preview, body=preview["preview"]), now) for preview in previews]
-    if count > len(previews):
-        lines.append(f"({count_text(count - len(previews), capped)} more; read takes them)")
-    lines += [f"ready: {_task_line(task, now)}" for task in tasks]
-    return "\n".join(lines) or "nothing new"
-
-
-@operation("news", "Unread messages not told to you yet (read still takes them), with "
-           "tasks=true tasks now ready. Marks them told unless peek.",
-           {"wait": _integer(0, MAX_WAIT, "seconds", default=0),
-            "tasks": FLAG, "peek": FLAG})
-def op_news(store, caller, args, now):
-    """Report untold unread messages (and ready tasks), waiting up to WAIT seconds."""
-    me, started = caller.name, time.monotonic()
-    with long_poll(store, me, args["wait"]) as poll:
-        while True:
-            at = now + int(time.monotonic() - started)
-            with store.transaction() as db:
-                previews, counts, tasks = _untold(db, me, args["tasks"], at)
-                marks = tuple(db.execute(
-                    f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})").fetchone())
-                lease_ends = db.execute(
-                    "SELECT min(lease_until) FROM tasks WHERE status = 'claimed' AND "
-                    "lease_until > ?", (at,)).fetchone()[0] if args["tasks"] else None
-            if (counts.total or tasks) and not args["peek"]:
-                with store.transaction(write=True) as db:   # again: one teller per item
-                    previews, counts, tasks = _untold(db, me, args["tasks"], at)
-                    _mark_told(db, me, at, counts.newest, ready=args["tasks"])
-            left = poll.deadline - time.monotonic()
-            if counts.total or tasks or left <= 0:
-                break
-            # a lease that runs out puts its task back on the board: that is news too
-            store.wait(lambda: store.marks() != marks,
-                       left if lease_ends is None else min(left, lease_ends - at))
-    summary = news_summary(previews, counts.total, tasks, now, counts.capped)
-    return Result(200, {"count": counts.total, "messages": previews, "tasks": tasks,
-                        "summary": summary}, summary)
-
-
-@operation("ack", "Acknowledge what you were given, up to an id or these ids (none: all "
-           "so far): held messages stop coming back; senders who asked hear of it.",
+@operation("ack", "Acknowledge what you were given (up to an id, these ids, or all): held "
+           "ones stop coming back; senders who asked hear.",
            {"upto": ID, "ids": {"type": "array", "items": ID, "maxItems": MAX_LIMIT,
                                 "description": "list or comma string"}})
 def op_ack(store, caller, args, now):
@@ -1951,7 +2044,7 @@ def op_ack(store, caller, args, now):
             db.execute("UPDATE receipts SET acked = ? WHERE message_id = ?", (now, message_id))
             _tell(db, sender, f"{me} acknowledged #{message_id}: {clip(body, 60)}", now)
     said = f"; {len(receipts)} sender{'s' if len(receipts) != 1 else ''} told" if receipts else ""
-    return Result(200, {"acked": acked, "receipts": len(receipts)},
+    return Result({"acked": acked, "receipts": len(receipts)},
                   f"acknowledged {acked} held message{'s' if acked != 1 else ''}"
                   f"{said}")
 
@@ -2015,8 +2108,8 @@ def op_history(store, caller, args, now):
         other = None
         if channel == mailbox(me):
             where = "channel = :mailbox"
-        elif channel.startswith("@"):
-            other = channel[1:]
+        elif mailbox_owner(channel) is not None:
+            other = mailbox_owner(channel)
             if not db.execute("SELECT 1 FROM agents WHERE name = ?", (other,)).fetchone():
                 raise NotFound(f"no agent {other}", hint="agents lists who is here")
             where = ("((channel = :theirs AND sender = :me) "
@@ -2046,7 +2139,7 @@ def op_history(store, caller, args, now):
     lines = [_message_line(message, now) for message in messages]
     if more:
         lines.append(f"(older: history channel={channel} before={messages[0]['id']})")
-    return Result(200, {"messages": messages, "more": more},
+    return Result({"messages": messages, "more": more},
                   "\n".join(lines) or f"no messages in {channel}")
 
 
@@ -2061,7 +2154,7 @@ def op_message(store, caller, args, now):
             f"SELECT * FROM messages WHERE reply_to = :id AND {_visible_sql()} ORDER BY id",
             {"id": args["id"], "me": me, "mailbox": mailbox(me)})]
     lines = [_message_line(message, now)] + ["  " + _message_line(r, now) for r in replies]
-    return Result(200, {"message": message, "replies": replies}, "\n".join(lines))
+    return Result({"message": message, "replies": replies}, "\n".join(lines))
 
 
 def _like_pattern(term):
@@ -2175,18 +2268,53 @@ def op_search(store, caller, args, now):
                          f"{snippet}")
         else:
             lines.append(f"note {_note_name(hit)} v{hit['version']}: {snippet}")
-    return Result(200, {"hits": hits}, "\n".join(lines) or f"nothing matches {args['q']!r}")
+    return Result({"hits": hits}, "\n".join(lines) or f"nothing matches {args['q']!r}")
 
 
-# Tasks ------------------------------------------------------------------------------
 
+# News ------------------------------------------------------------------------
+
+@operation("news", "Unread messages not told to you yet (read still takes them), with "
+           "tasks=true tasks now ready. Marks them told unless peek.",
+           {"wait": _integer(0, MAX_WAIT, "seconds", default=0),
+            "tasks": FLAG, "peek": FLAG})
+def op_news(store, caller, args, now):
+    """Report untold unread messages (and ready tasks), waiting up to WAIT seconds."""
+    me, started = caller.name, time.monotonic()
+    with long_poll(store, me, args["wait"]) as poll:
+        while True:
+            at = now + int(time.monotonic() - started)
+            with store.transaction() as db:
+                previews, counts, tasks = _untold(db, me, args["tasks"], at)
+                marks = tuple(db.execute(
+                    f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})").fetchone())
+                lease_ends = db.execute(
+                    "SELECT min(lease_until) FROM tasks WHERE status = 'claimed' AND "
+                    "lease_until > ?", (at,)).fetchone()[0] if args["tasks"] else None
+            if (counts.total or tasks) and not args["peek"]:
+                with store.transaction(write=True) as db:   # again: one teller per item
+                    previews, counts, tasks = _untold(db, me, args["tasks"], at)
+                    _mark_told(db, me, at, counts.newest, ready=args["tasks"])
+            left = poll.deadline - time.monotonic()
+            if counts.total or tasks or left <= 0:
+                break
+            # a lease that runs out puts its task back on the board: that is news too
+            store.wait(lambda: store.marks() != marks,
+                       left if lease_ends is None else min(left, lease_ends - at))
+    summary = news_summary(previews, counts.total, tasks, now, counts.capped)
+    return Result({"count": counts.total, "messages": previews, "tasks": tasks,
+                        "summary": summary}, summary)
+
+
+
+# Tasks -----------------------------------------------------------------------
 
 TASK_LISTS = {
     "open": (READY_TASK, "priority DESC, id"),
     "blocked": (BLOCKED_TASK, "priority DESC, id"),
     "mine": (f"owner = :me AND {HELD_TASK}", "id DESC"),
-    "posted": ("poster = :me AND status IN ('open', 'claimed')", "id DESC"),
-    "done": ("status IN ('done', 'failed')", "updated DESC, id DESC"),
+    "posted": (f"poster = :me AND status IN {sql_set(UNFINISHED)}", "id DESC"),
+    "done": (f"status IN {sql_set(WITH_RESULT)}", "updated DESC, id DESC"),
     "all": ("1", "id DESC"),
 }
 
@@ -2235,22 +2363,10 @@ def _set_after(db, task_id, after):
                    [(task_id, other) for other in after])
 
 
-def became_ready(db, task_ids, now):
-    """Number those tasks of TASK_IDS that became ready to claim, so that news tells of
-    each once: the one decision of "ready", which every write that may make a task
-    claimable asks (posting it, changing its after, finishing what it waits for,
-    releasing it). A task is numbered when it is ready and was not since it last
-    stopped being (a claim, or a new wait, clears the number). A lease that runs out
-    needs no write: NEWLY_READY reads it off the lease."""
-    for task_id in task_ids:
-        if db.execute(f"UPDATE tasks SET ready_seq = ({NEWEST_READY}) + 1 WHERE id = :id AND "
-                      f"ready_seq IS NULL AND {READY_TASK}", {"id": task_id, "now": now}
-                      ).rowcount:
-            db.execute("UPDATE counters SET value = value + 1 WHERE name = 'ready'")
-
-
 AFTER = {"type": "array", "items": ID, "maxItems": MAX_AFTER,
          "description": "task ids to wait for"}
+
+
 PRIORITY = _integer(-1000, 1000, "higher is taken first", default=0)
 
 
@@ -2274,7 +2390,7 @@ def op_post_task(store, caller, args, now):
         _set_after(db, task_id, after)
         became_ready(db, [task_id], now)
     waits = f"; it waits for {', '.join(f'#{i}' for i in after)}" if after else ""
-    return Result(200, {"id": task_id}, f"posted task #{task_id} \"{clip(args['title'])}\""
+    return Result({"id": task_id}, f"posted task #{task_id} \"{clip(args['title'])}\""
                   f"{waits}")
 
 
@@ -2309,7 +2425,7 @@ def op_update_task(store, caller, args, now):
                    (task["id"],))
         became_ready(db, [task["id"]], now)
         task = _task(_find_task(db, task["id"], now))
-    return Result(200, {"task": task}, f"updated {_task_line(task, now)}")
+    return Result({"task": task}, f"updated {_task_line(task, now)}")
 
 
 @operation("tasks", "List tasks: open (ready, best first), blocked, mine (held), posted "
@@ -2327,7 +2443,7 @@ def op_tasks(store, caller, args, now):
             f"{TASK_ROWS} WHERE {where} ORDER BY {order} LIMIT :limit",
             {"now": now, "me": caller.name, "tag": args["tag"], "limit": args["limit"]})]
     text = "\n".join(_task_line(task, now) for task in tasks)
-    return Result(200, {"tasks": tasks}, text or f"no {args['which']} tasks")
+    return Result({"tasks": tasks}, text or f"no {args['which']} tasks")
 
 
 def _find_task(db, task_id, now):
@@ -2351,9 +2467,9 @@ def op_task(store, caller, args, now):
         lines.append(f"after #{blocker['id']} {blocker['status']} \"{clip(blocker['title'], 60)}\""
                      + (f": {clip(result[0], 120)}" if blocker["status"] == "done" and result
                         else ""))
-    if task["result"] and task["status"] in ("done", "failed"):
+    if task["result"] and task["status"] in WITH_RESULT:
         lines.append(f"result: {task['result']}")
-    return Result(200, {"task": task}, "\n".join(lines))
+    return Result({"task": task}, "\n".join(lines))
 
 
 def _quote(task):
@@ -2403,7 +2519,7 @@ def op_claim(store, caller, args, now):
         task.update(status="claimed", owner=me, lease_until=lease_until, updated=now)
         if task["poster"] != me:
             _tell(db, task["poster"], f"{me} claimed your task {_quote(task)}", now)
-    return Result(200, {"task": task},
+    return Result({"task": task},
                   f"{_task_line(task, now)}\n"
                   f"next: done id={task['id']} result=... when finished; "
                   f"extend id={task['id']} if you need longer")
@@ -2433,7 +2549,7 @@ def _dependents_hear(db, task, me, now):
             done = ", ".join(f"#{i}" for i in dependent["after"])
             text = (f"{_quote(dependent)} is ready: {done} "
                     f"{'is' if len(dependent['after']) == 1 else 'are'} done")
-        elif task["status"] in ("failed", "cancelled"):
+        elif task["status"] != "done":          # failed or cancelled: still waiting
             text = (f"{_quote(dependent)} waits for #{task['id']}, which "
                     f"{'failed' if task['status'] == 'failed' else 'was cancelled'}: "
                     f"update_task id={dependent['id']} after=... or cancel id={dependent['id']}")
@@ -2464,7 +2580,7 @@ def op_extend(store, caller, args, now):
         db.execute("UPDATE tasks SET lease_until = ?, updated = ? WHERE id = ?",
                    (now + args["lease"], now, args["id"]))
         task = _task(_find_task(db, args["id"], now))
-    return Result(200, {"task": task}, f"extended {_task_line(task, now)}")
+    return Result({"task": task}, f"extended {_task_line(task, now)}")
 
 
 @operation("done", "Finish a task you hold, with its result; failed=true marks it failed.",
@@ -2485,7 +2601,7 @@ def op_done(store, caller, args, now):
             _tell(db, task["poster"], f"{me} finished your task {_quote(task)} as "
                                       f"{state}{result}", now)
         _dependents_hear(db, task, me, now)
-    return Result(200, {"task": task}, _task_line(task, now))
+    return Result({"task": task}, _task_line(task, now))
 
 
 @operation("release", "Give a task you hold back to the board, open again.",
@@ -2502,7 +2618,7 @@ def op_release(store, caller, args, now):
         if task["poster"] != me:
             note = f": {args['note']}" if args["note"] else ""
             _tell(db, task["poster"], f"{me} released your task {_quote(task)}{note}", now)
-    return Result(200, {"task": task}, f"released {_task_line(task, now)}")
+    return Result({"task": task}, f"released {_task_line(task, now)}")
 
 
 @operation("cancel", "Withdraw a task you posted that is not finished.",
@@ -2514,7 +2630,7 @@ def op_cancel(store, caller, args, now):
         row = _find_task(db, args["id"], now)
         if row["poster"] != me:
             raise Forbidden(f"only its poster, {row['poster']}, can cancel task #{row['id']}")
-        if row["status"] not in ("open", "claimed"):
+        if row["status"] not in UNFINISHED:
             raise Conflict(f"task #{row['id']} is already {row['status']}")
         db.execute("UPDATE tasks SET status = 'cancelled', lease_until = NULL, updated = ? "
                    "WHERE id = ?", (now, row["id"]))
@@ -2522,10 +2638,80 @@ def op_cancel(store, caller, args, now):
         if row["status"] == "claimed" and row["owner"] != me:
             _tell(db, row["owner"], f"{me} cancelled task {_quote(task)} that you hold", now)
         _dependents_hear(db, task, me, now)
-    return Result(200, {"task": task}, _task_line(task, now))
+    return Result({"task": task}, _task_line(task, now))
 
 
-# Notes -----------------------------------------------------------------------------
+def _own_task_record(row):
+    """Answer a task record for its poster: with, when it is open again, why (again)."""
+    task = _task(row)
+    if row["state"] == "open" and row["status"] == "claimed":
+        task["again"] = {"why": "lease", "by": row["owner"]}
+    elif row["state"] == "open" and row["reopened"] == "released":
+        task["again"] = {"why": "released"}
+    return task
+
+
+@operation("own_tasks", "The tasks you posted: one by id, or a page, newest change first.",
+           {"id": ID, "state": {"type": "string", "enum": list(UNFINISHED + FINISHED)},
+            "ids": {"type": "array", "items": ID, "maxItems": 1000},
+            "since": {"type": "integer", "minimum": 0}, "page": _string(pattern=PAGE_TOKEN),
+            "limit": _integer(1, 100, default=50)},
+           readonly=True, hidden=True)
+def op_own_tasks(store, caller, args, now):
+    """Answer the caller's own tasks, as faces that follow them (A2A) see them: one by ID
+    (not found unless the caller posted it), or a page in STATE, among IDS, changed since
+    SINCE, after PAGE (a token of an earlier page), with the next page's token."""
+    where, query = ["poster = :me"], {"me": caller.name, "now": now}
+    if args["id"] is not None:
+        where.append("id = :id")
+        query["id"] = args["id"]
+    if args["state"] is not None:
+        where.append(f"{TASK_STATE} = :state")
+        query["state"] = args["state"]
+    if args["ids"] is not None:
+        where.append(f"id IN ({','.join(f':i{n}' for n in range(len(args['ids']))) or 'NULL'})")
+        query.update((f"i{n}", task_id) for n, task_id in enumerate(args["ids"]))
+    if args["since"]:
+        where.append("updated >= :since")
+        query["since"] = args["since"]
+    condition = " AND ".join(where)
+    updated, before = (args["page"] or f"{2 ** 62}.{2 ** 62}").split(".")
+    query.update(updated=int(updated), before=int(before), limit=args["limit"] + 1)
+    with store.transaction() as db:
+        total = db.execute(f"SELECT count(*) FROM tasks WHERE {condition}", query).fetchone()[0]
+        rows = db.execute(f"{TASK_ROWS} WHERE {condition} AND (updated < :updated OR (updated "
+                          "= :updated AND id < :before)) ORDER BY updated DESC, id DESC "
+                          "LIMIT :limit", query).fetchall()
+    if args["id"] is not None and not rows:
+        raise NotFound(f"no task #{args['id']} of yours")
+    tasks = [_own_task_record(row) for row in rows[:args["limit"]]]
+    last = rows[args["limit"] - 1] if len(rows) > args["limit"] else None
+    return Result({"tasks": tasks, "total": total,
+                   "next": f"{last['updated']}.{last['id']}" if last else ""},
+                  "\n".join(_task_line(task, now) for task in tasks) or "no tasks")
+
+
+@operation("follow_up", "Add to a task you posted: its holder, if one holds it, hears it.",
+           {"id": ID, "body": MESSAGE_BODY}, required=["id", "body"], hidden=True)
+def op_follow_up(store, caller, args, now):
+    """Send the holder of a task the caller posted a message about it (an open task has
+    nobody to hear: the words stay with the face's record); a finished task takes none."""
+    with store.transaction(write=True) as db:
+        task = _task(_find_task(db, args["id"], now))
+        if task["poster"] != caller.name:
+            raise NotFound(f"no task #{args['id']} of yours")
+        if task["status"] in FINISHED:
+            raise Conflict(f"task #{task['id']} is {task['status']}", hint="post a new task")
+        if task["status"] == "claimed":
+            call(store, "post", {"to": task["owner"],
+                                 "body": f"about task #{task['id']}: {args['body']}"},
+                 caller, now)
+    return Result({"task": task, "told": task["owner"] if task["status"] == "claimed" else None},
+                  f"added to task #{task['id']}")
+
+
+
+# Notes -----------------------------------------------------------------------
 
 def _note_head(db, project, key):
     return db.execute("SELECT * FROM notes WHERE project = ? AND key = ?",
@@ -2561,7 +2747,7 @@ def op_write_note(store, caller, args, now):
                            version=current)
         version = (head["version"] if head else 0) + 1
         note = _add_revision(db, project, key, version, args["body"], caller.name, now)
-    return Result(200, {"note": note}, f"wrote note {_note_name(note)} v{version}")
+    return Result({"note": note}, f"wrote note {_note_name(note)} v{version}")
 
 
 @operation("read_note", "Read a note: its latest revision, or the given version.",
@@ -2588,7 +2774,7 @@ def op_read_note(store, caller, args, now):
                 raise NotFound(f"note {key} has no version {version}")
     note = _note(row)
     header = _note_line(note, now) + (" (deleted)" if note["deleted"] else "")
-    return Result(200, {"note": note}, f"{header}\n{note['body']}")
+    return Result({"note": note}, f"{header}\n{note['body']}")
 
 
 @operation("notes", "Note keys of a project (or of all), without bodies.",
@@ -2605,7 +2791,7 @@ def op_notes(store, caller, args, now):
     lines = [_note_line(note, now, note["size"]) for note in notes]
     if len(rows) > args["limit"]:
         lines.append(more_text(args["limit"]))
-    return Result(200, {"notes": notes}, "\n".join(lines) or "no notes")
+    return Result({"notes": notes}, "\n".join(lines) or "no notes")
 
 
 @operation("delete_note", "Remove a note from the listing; its old revisions stay readable.",
@@ -2619,12 +2805,13 @@ def op_delete_note(store, caller, args, now):
             raise NotFound(f"no note {key}" + (f" in {project}" if project else ""))
         note = _add_revision(db, project, key, head["version"] + 1, "", caller.name, now,
                              deleted=True)
-    return Result(200, {"note": note},
+    return Result({"note": note},
                   f"deleted note {_note_name(note)}; read_note version={head['version']} "
                   "still shows its last text")
 
 
-# Reservations -------------------------------------------------------------------
+
+# Reservations ----------------------------------------------------------------
 
 PATTERNS = {"type": "array", "items": _string(1, 300), "maxItems": MAX_PATTERNS,
             "description": "globs, e.g. src/parser/** or docs/"}
@@ -2659,8 +2846,8 @@ def op_reserve(store, caller, args, now):
                 "; ".join(f"{pattern} overlaps {other['agent']}'s {other['path']} "
                           f"({_reservation_terms(other, now)})" for pattern, other in conflicts),
                 hint="reserve other paths, wait for the lease to end, or ask the holder",
-                conflicts=[{key: other[key] for key in ("agent", "path", "exclusive", "reason",
-                                                        "expires")} for _, other in conflicts])
+                conflicts=[{key: other[key] for key in CONFLICT_FIELDS}
+                           for _, other in conflicts])
 
     with store.transaction() as db:
         snapshot = [_reservation(row) for row in db.execute(theirs, where)]
@@ -2689,25 +2876,43 @@ def op_reserve(store, caller, args, now):
         granted = [_reservation(row) for row in db.execute(
             "SELECT * FROM reservations WHERE project = :project AND agent = :me AND path IN "
             f"({listed}) ORDER BY path", where)]
-    return Result(200, {"reservations": granted}, "reserved " + "; ".join(
+    return Result({"reservations": granted}, "reserved " + "; ".join(
         _reservation_line(reservation, now) for reservation in granted))
 
 
-@operation("reservations", "Who holds which paths of a project: how, why and for how long.",
-           {"project": PROJECT_NAME, "mine": FLAG, "limit": LIMIT}, readonly=True)
+@operation("reservations", "Who holds which paths of a project, how and why; with paths, "
+           "what keeps you off them.",
+           {"project": PROJECT_NAME, "mine": FLAG, "limit": LIMIT,
+            "paths": {"type": "array", "items": _string(1, 4096), "maxItems": MAX_PATTERNS}},
+           readonly=True)
 def op_reservations(store, caller, args, now):
-    """List the live reservations of one project, up to LIMIT."""
+    """List the live reservations of one project, up to LIMIT; with PATHS (plain paths,
+    as git stages them), the others' reservations that keep the caller off them."""
     mine = " AND agent = :me" if args["mine"] else ""
+    where = {"project": args["project"], "me": caller.name, "now": now}
+    if args["paths"]:
+        with store.transaction() as db:
+            theirs = [_reservation(row) for row in db.execute(
+                "SELECT * FROM reservations WHERE project = :project AND agent != :me AND "
+                f"{LIVE_RESERVATION} ORDER BY path, agent", where)]
+        hits = reservation_conflicts(args["paths"], False, theirs, plain=True)[:args["limit"]]
+        conflicts = [dict({key: other[key] for key in CONFLICT_FIELDS}, given=path)
+                     for path, other in hits]
+        return Result({"reservations": list({(r["agent"], r["path"]): r
+                                             for _, r in hits}.values()),
+                       "conflicts": conflicts},
+                      "\n".join(f"{one_line(path)}: reserved by {other['agent']} for "
+                                f"{age(other['expires'] - now)}"
+                                + (f" ({one_line(other['reason'])})" if other["reason"] else "")
+                                for path, other in hits) or NOTHING_RESERVED)
     with store.transaction() as db:
         held = [_reservation(row) for row in db.execute(
             f"SELECT * FROM reservations WHERE project = :project AND {LIVE_RESERVATION}"
-            f"{mine} ORDER BY path, agent LIMIT :limit",
-            {"project": args["project"], "me": caller.name, "now": now,
-             "limit": args["limit"] + 1})]
+            f"{mine} ORDER BY path, agent LIMIT :limit", dict(where, limit=args["limit"] + 1))]
     lines = [_reservation_line(reservation, now) for reservation in held[:args["limit"]]]
     if len(held) > args["limit"]:
         lines.append(more_text(args["limit"]))
-    return Result(200, {"reservations": held[:args["limit"]]},
+    return Result({"reservations": held[:args["limit"]]},
                   "\n".join(lines) or "no reservations")
 
 
@@ -2722,7 +2927,7 @@ def op_unreserve(store, caller, args, now):
         params += patterns
     with store.transaction(write=True) as db:
         released = db.execute(f"DELETE FROM reservations WHERE {where}", params).rowcount
-    return Result(200, {"released": released},
+    return Result({"released": released},
                   f"released {released} reservation{'s' if released != 1 else ''}")
 
 
@@ -3003,6 +3208,8 @@ class RpcEndpoint:
                 return RpcReply(202, None, "notification")
             label = self.label(request)
             result = self.dispatch(request)
+        except Unauthorized as error:       # every face: the transport's 401
+            return RpcReply(401, rpc_error(request.id, -32600, error.text), label)
         except RpcError as error:
             request_id = request.id if request else error.request_id
             data = self.error_data(request, error)
@@ -3060,7 +3267,7 @@ def mcp_tools():
              "annotations": dict({"readOnlyHint": True, "idempotentHint": True}
                                  if op.readonly else {"destructiveHint": False},
                                  openWorldHint=False)}
-            for op in CATALOG.values()]
+            for op in public_operations()]
 
 
 def stateless_headers(method, params):
@@ -3129,14 +3336,14 @@ def _mcp_tools_list(endpoint, params):
 def _mcp_tools_call(endpoint, params):
     """Run one operation; a refusal is a result the model can read (isError)."""
     name = params.get("name")
-    if not isinstance(name, str) or name not in CATALOG:
+    if offered(name) is None:
         raise RpcError(-32602, f"Unknown tool: {str(name)[:60]}")
     arguments = params.get("arguments")
     try:
         result = call(endpoint.store, name, {} if arguments is None else arguments,
                       endpoint.caller)
-    except Unauthorized as error:
-        raise RpcError(-32600, error.text, http_status=401) from None
+    except Unauthorized:
+        raise                           # not the model's to correct: the envelope's 401
     except AgoraError as error:
         return {"content": [{"type": "text", "text": error.text}], "isError": True}
     return {"content": [{"type": "text", "text": result.text}],
@@ -3230,7 +3437,6 @@ A2A_MAX_PAGE_SIZE = 100
 # Board state -> A2A state (spelled per generation by A2A_ERAS).
 A2A_STATES = {"open": "submitted", "claimed": "working", "done": "completed",
               "failed": "failed", "cancelled": "canceled"}
-A2A_TERMINAL = {"done", "failed", "cancelled"}
 
 # JSON-RPC codes of A2A's own errors, and the ErrorInfo reason 1.0 answers carry.
 A2A_ERRORS = {
@@ -3268,7 +3474,7 @@ A2A_PARAMS = {
     "messageId": _string(0, 200),
     "contextId": _string(0, 200),
     "pageSize": _integer(1, A2A_MAX_PAGE_SIZE),
-    "pageToken": _string(pattern=A2A_PAGE_TOKEN),
+    "pageToken": _string(pattern=PAGE_TOKEN),
     "status": {"type": "string", "enum": ["TASK_STATE_UNSPECIFIED"] + [
         A2A_ERAS["1.0"].state(state) for state in A2A_STATES.values()]},
     "statusTimestampAfter": _string(0, 64),
@@ -3341,27 +3547,27 @@ def _a2a_message(era, role, text, task_id, context_id, message_id):
     return message
 
 
-def _a2a_status_note(row):
+def _a2a_status_note(task):
     """Answer what an A2A client is told beside a board task's state, or None."""
-    state = row["state"]
-    if state == "open" and row["waiting_ids"]:
-        return "waits for " + ", ".join(f"#{i}" for i in _ids(row["waiting_ids"])) + " to be done"
+    state, again = task["status"], task.get("again") or {}
+    if state == "open" and task["waiting_for"]:
+        return "waits for " + ", ".join(f"#{i}" for i in task["waiting_for"]) + " to be done"
     if state == "claimed":
-        return f"{row['owner']} is working on it"
-    if state == "open" and row["status"] == "claimed":
-        return f"back on the board: {row['owner']}'s lease ran out"
-    if state == "open" and row["reopened"] == "released":
+        return f"{task['owner']} is working on it"
+    if again.get("why") == "lease":
+        return f"back on the board: {again['by']}'s lease ran out"
+    if again.get("why") == "released":
         return "back on the board: its holder released it"
     if state == "failed":
-        return row["result"] or "failed"
+        return task["result"] or "failed"
     if state == "cancelled":
         return "cancelled by its poster"
     return None
 
 
-def a2a_tasks(db, rows, era, history_length=None):
-    """Answer board task rows (TASK_ROWS) as A2A Tasks, with the A2A face's records."""
-    ids = [row["id"] for row in rows]
+def a2a_tasks(db, tasks, era, history_length=None):
+    """Answer board tasks (own_tasks records) as A2A Tasks, with the A2A face's records."""
+    ids = [task["id"] for task in tasks]
     marks = ",".join("?" * len(ids))
     contexts = {task_id: (context, message) for task_id, context, message in db.execute(
         f"SELECT task_id, context_id, message_id FROM a2a_tasks WHERE task_id IN ({marks})",
@@ -3372,13 +3578,13 @@ def a2a_tasks(db, rows, era, history_length=None):
             f"WHERE task_id IN ({marks}) ORDER BY id", ids):
         later.setdefault(task_id, []).append((message_id, role, text))
     answers = []
-    for row in rows:
-        task_id, task = row["id"], _task(row)
+    for task in tasks:
+        task_id = task["id"]
         fallback = f"agora-task-{task_id}"
         context_id, message_id = contexts.get(task_id, (fallback, fallback))
         status = {"state": era.state(A2A_STATES[task["status"]]),
                   "timestamp": _rfc3339(task["updated"])}
-        note = _a2a_status_note(row)
+        note = _a2a_status_note(task)
         if note:
             status["message"] = _a2a_message(era, "agent", note, task_id, context_id,
                                              f"agora-status-{task_id}-{task['updated']}")
@@ -3506,32 +3712,32 @@ class A2AEndpoint(RpcEndpoint):
             raise RpcError(*A2A_REFUSED[request.method])
         if request.method not in self.METHODS:
             raise RpcError(-32601, f"Method not found: {request.method[:60]}")
-        if self.caller.name is None:
-            raise RpcError(-32600, "this agent needs a bearer token", http_status=401)
+        # who may ask is the catalog's rule, said before any parameter is looked at
+        check_identity(self.store, CATALOG["own_tasks"], self.caller, int(time.time()))
         handler = getattr(self, self.METHODS[request.method])
         try:
             return handler(_camel_case(request.params), _a2a_era(request))
-        except Unauthorized as error:
-            raise RpcError(-32600, error.message, http_status=401) from None
+        except Unauthorized:
+            raise
         except AgoraError as error:
             raise RpcError(A2A_REFUSALS.get(type(error), -32603), error.message) from None
 
-    def own_task(self, db, raw_id, now):
-        """Answer the TASK_ROWS row of RAW_ID if the caller posted it; else not found."""
+    def call(self, name, args):
+        """Run operation NAME for the caller; answer its JSON body."""
+        return call(self.store, name, args, self.caller).body
+
+    def own_task(self, raw_id):
+        """Answer the caller's task RAW_ID (a wire id, a string) as own_tasks records it."""
         task_id = str(raw_id) if isinstance(raw_id, (str, int)) else ""
-        row = None
-        if re.fullmatch(r"[0-9]{1,18}", task_id):
-            row = db.execute(f"{TASK_ROWS} WHERE id = :id AND poster = :me",
-                             {"id": int(task_id), "me": self.caller.name, "now": now}).fetchone()
-        if row is None:
+        if not re.fullmatch(r"[0-9]{1,18}", task_id):
             raise RpcError(-32001, f"task {str(raw_id)[:40]} not found")
-        return row
+        return self.call("own_tasks", {"id": int(task_id)})["tasks"][0]
 
     def answer_task(self, task_id, era, history_length=None):
         """Answer one of the caller's tasks as it is now, as an A2A Task."""
-        now = int(time.time())
+        task = self.own_task(task_id)
         with self.store.transaction() as db:
-            return a2a_tasks(db, [self.own_task(db, task_id, now)], era, history_length)[0]
+            return a2a_tasks(db, [task], era, history_length)[0]
 
     def send(self, params, era):
         """Post a task from a message (or add a message to one); hold until it ends."""
@@ -3546,20 +3752,17 @@ class A2AEndpoint(RpcEndpoint):
         # The board write and the A2A face's own record share one transaction.
         with self.store.transaction(write=True) as db:
             if message.get("taskId") is not None:
-                row = self.own_task(db, message["taskId"], now)
-                task_id = row["id"]
+                task = self.own_task(message["taskId"])
+                task_id = task["id"]
                 known_context = db.execute("SELECT context_id FROM a2a_tasks WHERE task_id = ?",
                                            (task_id,)).fetchone()
                 if context_id not in (None, known_context[0] if known_context
                                       else f"agora-task-{task_id}"):
                     raise RpcError(-32602, f"contextId is not task {task_id}'s context")
-                if row["state"] in A2A_TERMINAL:
-                    raise RpcError(-32004, f"task {task_id} is {row['state']}: "
+                if task["status"] in FINISHED:
+                    raise RpcError(-32004, f"task {task_id} is {task['status']}: "
                                            "send a new message")
-                if row["state"] == "claimed":
-                    call(self.store, "post", {"to": row["owner"],
-                                              "body": f"about task #{task_id}: {text}"},
-                         self.caller)
+                self.call("follow_up", {"id": task_id, "body": text})
                 db.execute("INSERT INTO a2a_messages (task_id, message_id, role, text, ts) "
                            "VALUES (?, ?, 'user', ?, ?)", (task_id, message_id, text, now))
             else:
@@ -3569,16 +3772,12 @@ class A2AEndpoint(RpcEndpoint):
                 for key in ("tags", "priority"):
                     if isinstance(metadata, dict) and metadata.get(key) is not None:
                         args[key] = metadata[key]
-                task_id = call(self.store, "post_task", args, self.caller).body["id"]
+                task_id = self.call("post_task", args)["id"]
                 db.execute("INSERT INTO a2a_tasks (task_id, context_id, message_id) "
                            "VALUES (?, ?, ?)",
                            (task_id, context_id or secrets.token_hex(16), message_id))
         if not era.returns_at_once(configuration) and self.block > 0:
-            def finished():
-                state = self.store.query_one(f"SELECT {TASK_STATE} FROM tasks WHERE id = :id",
-                                             {"id": task_id, "now": int(time.time())})[0]
-                return state in A2A_TERMINAL
-            self.store.wait(finished, self.block)
+            self.store.wait(lambda: self.own_task(task_id)["status"] in FINISHED, self.block)
         answer = self.answer_task(task_id, era, history_length)
         return {"task": answer} if era.wraps_send else answer
 
@@ -3588,55 +3787,42 @@ class A2AEndpoint(RpcEndpoint):
 
     def cancel(self, params, era):
         """Cancel one of the caller's unfinished tasks."""
-        with self.store.transaction() as db:
-            task_id = self.own_task(db, params.get("id"), int(time.time()))["id"]
-        call(self.store, "cancel", {"id": task_id}, self.caller)
+        task_id = self.own_task(params.get("id"))["id"]
+        self.call("cancel", {"id": task_id})
         return self.answer_task(task_id, era)
 
     def list(self, params, era):
-        """Answer a page of the caller's tasks, newest first, in one transaction."""
+        """Answer a page of the caller's tasks, newest first."""
         page_size = _a2a_param(params, "pageSize", A2A_PAGE_SIZE)
-        token = _a2a_param(params, "pageToken", "")
         state = _a2a_param(params, "status")
         context = _a2a_param(params, "contextId")
         after = _a2a_param(params, "statusTimestampAfter")
-        history_length = _a2a_param(params, "historyLength")
-        where = ["poster = :me"]
+        args = {"limit": page_size, "page": _a2a_param(params, "pageToken", "")}
         if state not in (None, "TASK_STATE_UNSPECIFIED"):
-            where.append(f"{TASK_STATE} = :state")
-        if context:
-            where.append("id IN (SELECT task_id FROM a2a_tasks WHERE context_id = :context)")
+            args["state"] = {era.state(a2a): board for board, a2a in A2A_STATES.items()}[state]
         if after:
-            where.append("updated >= :after")
-        updated, before = token.split(".") if token else (2 ** 62, 2 ** 62)
-        board_state = {era.state(a2a): board for board, a2a in A2A_STATES.items()}
-        query = {"me": self.caller.name, "now": int(time.time()), "context": context,
-                 "state": board_state.get(state), "updated": int(updated),
-                 "after": _from_rfc3339(after) if after else 0, "before": int(before),
-                 "limit": page_size + 1}
-        condition = " AND ".join(where)
+            args["since"] = _from_rfc3339(after)
         with self.store.transaction() as db:
-            total = db.execute(f"SELECT count(*) FROM tasks WHERE {condition}",
-                               query).fetchone()[0]
-            rows = db.execute(
-                f"{TASK_ROWS} WHERE {condition} AND (updated < :updated OR "
-                "(updated = :updated AND id < :before)) ORDER BY updated DESC, id DESC "
-                "LIMIT :limit", query).fetchall()
-            tasks = a2a_tasks(db, rows[:page_size], era, history_length)
+            if context:
+                args["ids"] = [row[0] for row in db.execute(
+                    "SELECT task_id FROM a2a_tasks WHERE context_id = ? ORDER BY task_id DESC "
+                    "LIMIT 1000", (context,))]
+            page = self.call("own_tasks", args)
+            tasks = a2a_tasks(db, page["tasks"], era, _a2a_param(params, "historyLength"))
         if params.get("includeArtifacts") is not True:
             for task in tasks:
                 task.pop("artifacts", None)
-        last = rows[page_size - 1] if len(rows) > page_size else None
-        return {"tasks": tasks, "nextPageToken": f"{last['updated']}.{last['id']}" if last else "",
-                "pageSize": page_size, "totalSize": total}
+        return {"tasks": tasks, "nextPageToken": page["next"], "pageSize": page_size,
+                "totalSize": page["total"]}
 
 
 ###############################################################################
 # HTTP: REST, MCP, A2A and the page ##########################################
 ###############################################################################
 
-HttpRequest = namedtuple("HttpRequest", "method path query headers body caller")
-HttpRequest.__doc__ = """One request as a face sees it: framing done, body read, caller known."""
+HttpRequest = namedtuple("HttpRequest", "method path query headers body caller route")
+HttpRequest.__doc__ = """One request as a face sees it: framing done, body read, caller known,
+and the Route that found it."""
 
 HttpAnswer = namedtuple("HttpAnswer", "status payload headers what agent",
                         defaults=((), "-", None))
@@ -3658,7 +3844,7 @@ def catalog_json():
     return {"name": "agora", "version": __version__, "ops": [
         {"name": op.name, "description": op.summary, "readonly": op.readonly,
          "open": op.open, "methods": list(op.methods), "path": f"/api/{op.name}",
-         "schema": op.schema} for op in CATALOG.values()]}
+         "schema": op.schema} for op in public_operations()]}
 
 
 def _wants_text(headers):
@@ -3686,9 +3872,9 @@ def rest_face(server, request):
     The one place agora's refusals become HTTP statuses and JSON bodies.
     """
     from urllib.parse import parse_qsl
-    if request.path in ("/api", "/api/"):
+    if request.route.op is None:
         return HttpAnswer(200, json_bytes(catalog_json()), what="catalog")
-    name = request.path[len("/api/"):]
+    name = request.route.op.name
     if request.method == "GET":
         args = dict(parse_qsl(request.query, keep_blank_values=True))
     elif not request.body.strip():
@@ -3702,7 +3888,7 @@ def rest_face(server, request):
             raise HTTPFailure(400, "the body must be a JSON object of arguments")
     try:
         result = call(server.store, name, args, request.caller)
-        status, body, text = result.status, result.body, result.text
+        status, body, text = 200, result.body, result.text
     except AgoraError as error:
         status, body, text = error.status, error.body, error.text
     headers = _challenge(status)
@@ -3758,8 +3944,9 @@ def page_face(server, request):
         ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY")], "page")
 
 
-Route = namedtuple("Route", "face log methods")
-Route.__doc__ = """Which face answers a path, its name in the log, the methods it takes."""
+Route = namedtuple("Route", "face log methods op", defaults=(None,))
+Route.__doc__ = """Which face answers a path, its name in the log, the methods it takes, and
+for /api/<op> the operation."""
 
 ROUTES = {
     "/api": Route(rest_face, "rest", ("GET",)),
@@ -3777,11 +3964,11 @@ def find_route(path):
     if route is not None:
         return route
     if path.startswith("/api/"):
-        op = CATALOG.get(path[len("/api/"):])
+        name = path[len("/api/"):]
+        op = offered(name)
         if op is None:
-            raise HTTPFailure(404, f"no operation {path[len('/api/'):][:60]!r}; "
-                                   "GET /api lists them")
-        return Route(rest_face, "rest", op.methods)
+            raise HTTPFailure(404, f"no operation {name[:60]!r}; GET /api lists them")
+        return Route(rest_face, "rest", op.methods, op)
     raise HTTPFailure(404, f"not found: {path[:200]} (agora serves /, /api, /mcp and /a2a)",
                       json=False)
 
@@ -3849,7 +4036,7 @@ class RequestHandler:
             self.server.watch(self.connection, None)     # a face may wait (long polls)
             caller = bearer_caller(self.server.store, self.headers.get("Authorization"))
             answer = route.face(self.server, HttpRequest(self.command, url.path, url.query,
-                                                         self.headers, body, caller))
+                                                         self.headers, body, caller, route))
             status, payload, headers, what = answer[:4]
             agent = answer.agent or caller.name or "-"
         except HTTPFailure as failure:
@@ -4193,8 +4380,14 @@ def http_post(url, data, headers, timeout=REMOTE_TIMEOUT):
         raise Unreachable(f"cannot reach agora at {url}: {reason}") from None
 
 
+# A remote refusal as the error class of its status.
+REFUSALS_BY_STATUS = {cls.status: cls for cls in (BadRequest, Unauthorized, Forbidden,
+                                                  NotFound, Conflict)}
+
+
 def remote_call(url, token, name, args, want_json, timeout=REMOTE_TIMEOUT):
-    """Run operation NAME on the agora at URL; answer (status, text or JSON body)."""
+    """Run operation NAME on the agora at URL; answer its JSON body (or, unless WANT_JSON,
+    its text). A refusal is raised as the AgoraError of its status, as a local one is."""
     headers = {"Content-Type": "application/json",
                "Accept": "application/json" if want_json else "text/plain"}
     if token:
@@ -4202,18 +4395,19 @@ def remote_call(url, token, name, args, want_json, timeout=REMOTE_TIMEOUT):
     status, kind, body = http_post(f"{url.rstrip('/')}/api/{name}", json_bytes(args), headers,
                                    timeout)
     text = body.decode("utf-8", "replace").strip()
+    refusal = REFUSALS_BY_STATUS.get(status, StoreError)
     if kind.startswith("application/json"):
-        try:
-            answer = parse_json(body)
-        except ValueError:
-            answer = {"error": text[:200]}
-        if status >= 400 and isinstance(answer, dict) and "error" in answer:
-            hint = answer.get("hint")
-            return status, answer["error"] + (f" — {hint}" if hint else "")
-        return status, answer
+        answer = parse_json_or_none(body)
+        if status < 400 and isinstance(answer, dict):
+            return answer
+        fields = answer if isinstance(answer, dict) and "error" in answer else {"error": text[:200]}
+        raise refusal(str(fields.pop("error")), **fields)
     if not kind.startswith("text/plain"):
-        text = f"{url} answered HTTP {status} ({kind or 'no content type'}), not agora"
-    return status, text
+        raise Unreachable(f"{url} answered HTTP {status} ({kind or 'no content type'}), "
+                          "not agora")
+    if status >= 400:
+        raise refusal(text)         # the server's own one line: message and hint
+    return text
 
 
 def bridge_answer(url, token, channel=False):
@@ -4258,11 +4452,6 @@ def bridge_answer(url, token, channel=False):
     return forward
 
 
-# A remote refusal as the error class of its status.
-REFUSALS_BY_STATUS = {cls.status: cls for cls in (BadRequest, Unauthorized, Forbidden,
-                                                  NotFound, Conflict)}
-
-
 class AgentLink:
     """One agent's way to agora for the commands that wait on it (wait, hook, the channel):
     the local file as an asserted NAME, or a server at URL with TOKEN."""
@@ -4279,10 +4468,7 @@ class AgentLink:
         if self.store is not None:
             result = call(self.store, name, args, Caller(self.name, True))
             return result.text if text else result.body
-        status, answer = remote_call(self.url, self.token, name, args, not text, self.timeout)
-        if status >= 400:
-            raise REFUSALS_BY_STATUS.get(status, StoreError)(str(answer))
-        return answer
+        return remote_call(self.url, self.token, name, args, not text, self.timeout)
 
     def mark(self):
         """Answer where the file is, as news sees it: a later mark says it changed (over
@@ -4302,7 +4488,7 @@ class AgentLink:
 def ops_markdown():
     """Answer the operations table of README.md, generated from the catalog."""
     lines = ["| op | arguments | what it does |", "|---|---|---|"]
-    for op in CATALOG.values():
+    for op in public_operations():
         flags = [flag for flag, on in (("ro", op.readonly), ("open", op.open)) if on]
         shown = f"`{op.name}`" + (f" ({', '.join(flags)})" if flags else "")
         arguments = ", ".join(f"`{word}`" for word in op.usage().split()) or "—"
@@ -4374,7 +4560,7 @@ def _build_parser(command=None, argv=()):
 
     def wanted(name):
         """Answer whether to build command NAME's parser (None: the operations')."""
-        return command == name or command not in CLI_COMMANDS + tuple(CATALOG)
+        return command == name or command not in CLI_COMMANDS and offered(command) is None
 
     if wanted("serve"):
         serve_parser = commands.add_parser("serve", parents=[common], help="serve HTTP (REST)")
@@ -4465,8 +4651,8 @@ def _build_parser(command=None, argv=()):
     identity.add_argument("--as", dest="as_name", metavar="NAME",
                           help="act as this agent on the local file (default $AGORA_AS)")
     identity.add_argument("--json", action="store_true", help="print the JSON body")
-    for op in [CATALOG[command]] if command in CATALOG else (
-            CATALOG.values() if wanted(None) else ()):
+    for op in [offered(command)] if offered(command) else (
+            public_operations() if wanted(None) else ()):
         sub = commands.add_parser(op.name, parents=[common, identity, remote], help=op.summary,
                                   description=f"{op.summary}\narguments: {op.usage()}")
         sub.add_argument("pairs", nargs="*", metavar="key=value")
@@ -4506,21 +4692,21 @@ def _identity(options):
 
 
 def _run_op(name, options):
+    """Run one operation, locally or over --url, and print its text (or JSON)."""
     args = {}
     for pair in options.pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            print(f"agora: expected key=value, got {pair!r}", file=sys.stderr)
-            return 2
+            raise UsageError(f"expected key=value, got {pair!r}")
         args[key] = sys.stdin.read().rstrip("\n") if value == "-" else value
     link = _link(options, operator=name == "join")
     try:
         answer = link.call(name, args, text=not options.json)
-    except AgoraError as error:
-        refused = "the server refused the token (401): " if (
-            options.url and isinstance(error, Unauthorized)) else ""
-        print(f"agora: {refused}{error.text}", file=sys.stderr)
-        return 1
+    except Unauthorized as error:
+        if not options.url:
+            raise
+        raise Unauthorized(f"the server refused the token (401): {error.message}",
+                           hint=error.hint) from None
     finally:
         link.close()
     print(json.dumps(answer, ensure_ascii=False, indent=2) if options.json else answer)
@@ -4531,7 +4717,7 @@ def _print_ops(markdown):
     if markdown:
         sys.stdout.write(ops_markdown())
         return
-    for op in CATALOG.values():
+    for op in public_operations():
         flags = " (read-only)" if op.readonly else ""
         print(f"{op.name} {op.usage()}{flags}\n    {op.summary}")
 
@@ -4690,7 +4876,7 @@ def _check_command(options):
     return 0
 
 
-# Waking: hooks, wait and the channel ------------------------------------------
+# Waking: hooks, wait and the channel -----------------------------------------
 
 def _has_news(body):
     return bool(body["count"] or body["tasks"])
@@ -4932,9 +5118,6 @@ def _wait_command(options):
                 break
     except KeyboardInterrupt:
         return 130
-    except AgoraError as error:
-        print(f"agora: {error.text}", file=sys.stderr)
-        return 1
     finally:
         link.close()
     return 0 if printed else 124
@@ -4995,9 +5178,6 @@ def _stdio_command(options):
             def answer(line):
                 return endpoint.answer(line).message
         return serve_stdio(answer, sys.stdin.buffer, protocol_out.buffer, notifier)
-    except AgoraError as error:
-        print(f"agora: {error.message}", file=sys.stderr)
-        return 2
     finally:
         link.close()
         sys.stdout = protocol_out
@@ -5147,9 +5327,8 @@ def _install_hooks(options):
             settings = parse_json_or_none(f.read() or "{}")
     merged = merged_hooks(client, settings, identity) if isinstance(settings, dict) else None
     if merged is None:
-        print(f"agora: {path} is not a JSON object of settings with lists of hooks; "
-              "left untouched", file=sys.stderr)
-        return 1
+        raise Conflict(f"{path} is not a JSON object of settings with lists of hooks; "
+                       "left untouched")
     write_file(path, json.dumps(merged, indent=2, ensure_ascii=False) + "\n")
     _cache_bytecode()
     events = ", ".join(dict.fromkeys(event for event, _ in CLIENT_HOOKS[client]))
@@ -5160,7 +5339,7 @@ def _install_hooks(options):
     return 0
 
 
-# Guard: the git pre-commit check of path reservations ----------------------------
+# Guard: the git pre-commit check of path reservations ------------------------
 
 def _git(*args):
     """Answer git's output for ARGS in the current folder; raise OSError when git fails."""
@@ -5190,10 +5369,11 @@ def _guard_command(options):
     try:
         link = _link(options, HOOK_TIMEOUT)
         try:
-            project = {"project": options.project, "limit": MAX_LIMIT}
-            held = link.call("reservations", project)["reservations"]
-            me = {link.name} | {reservation["agent"] for reservation in link.call(
-                "reservations", dict(project, mine=True))["reservations"]}
+            hits = []                   # the server decides who keeps whom off which path
+            for first in range(0, len(paths), MAX_PATTERNS):
+                hits.append(link.call("reservations", {
+                    "project": options.project, "paths": paths[first:first + MAX_PATTERNS],
+                    "limit": MAX_LIMIT}, text=True))
         finally:
             link.close()
     except (Unreachable, StoreError) as error:
@@ -5202,14 +5382,9 @@ def _guard_command(options):
     except AgoraError as error:
         print(f"agora guard: refused: {error.text}", file=sys.stderr)
         return 1
-    now = int(time.time())
-    hits = [(path, held_by) for path in paths for held_by in held
-            if held_by["exclusive"] and held_by["agent"] not in me
-            and path_matches(held_by["path"], path)]
-    for path, held_by in hits:
-        reason = f" ({one_line(held_by['reason'])})" if held_by["reason"] else ""
-        print(f"{one_line(path)}: reserved by {held_by['agent']} for "
-              f"{age(held_by['expires'] - now)}{reason}", file=sys.stderr)
+    hits = [text for text in hits if text != NOTHING_RESERVED]
+    for text in hits:
+        print(text, file=sys.stderr)
     return 1 if hits else 0
 
 
@@ -5281,44 +5456,45 @@ exec {command}
 
 
 def _serve_command(options):
+    """Serve HTTP on --addr until stopped; refuse (usage) an address that would be unsafe."""
     try:
         host, port = _parse_address(options.addr)
-    except ValueError as e:
-        print(f"agora: {e}", file=sys.stderr)
-        return 2
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     if not is_loopback(host) and not options.join_key and not options.open:
-        print(f"agora: refusing to serve on {host} without a join key: anyone who can reach "
-              "it could join. Pass --join-key KEY (or set $AGORA_JOIN_KEY), or --open.",
-              file=sys.stderr)
-        return 2
+        raise UsageError(f"refusing to serve on {host} without a join key: anyone who can "
+                         "reach it could join. Pass --join-key KEY (or set $AGORA_JOIN_KEY), "
+                         "or --open.")
     if host in WILDCARD_HOSTS and not (options.allow_host or options.public_url):
-        print(f"agora: refusing to serve on {host} without the names clients use: a DNS name "
-              "rebound to this machine would reach it. Pass --allow-host NAME (the host name "
-              "or address clients connect to; repeatable), or --public-url URL.",
-              file=sys.stderr)
-        return 2
+        raise UsageError(f"refusing to serve on {host} without the names clients use: a DNS "
+                         "name rebound to this machine would reach it. Pass --allow-host NAME "
+                         "(the host name or address clients connect to; repeatable), or "
+                         "--public-url URL.")
     store = Store(getattr(options, "db", None) or default_db_path(),
                   join_key=options.join_key)
-    if options.a2a_guest:
-        try:
-            ensure_local_agent(store, options.a2a_guest, int(time.time()))
-        except AgoraError as error:
-            store.close()
-            print(f"agora: --a2a-guest: {error.message}", file=sys.stderr)
-            return 2
     try:
-        return serve(store, host, port, allow_hosts=options.allow_host, quiet=options.quiet,
-                     public_url=options.public_url, a2a_guest=options.a2a_guest,
-                     a2a_block=max(0, options.a2a_block))
-    except OSError as error:
+        if options.a2a_guest:
+            try:
+                ensure_local_agent(store, options.a2a_guest, int(time.time()))
+            except AgoraError as error:
+                raise UsageError(f"--a2a-guest: {error.message}") from None
+        try:
+            return serve(store, host, port, allow_hosts=options.allow_host,
+                         quiet=options.quiet, public_url=options.public_url,
+                         a2a_guest=options.a2a_guest, a2a_block=max(0, options.a2a_block))
+        except OSError as error:
+            raise AgoraError(f"cannot listen on {host}:{port}: "
+                             f"{error.strerror or error}") from None
+    finally:
         store.close()
-        print(f"agora: cannot listen on {host}:{port}: {error.strerror or error}",
-              file=sys.stderr)
-        return 1
 
 
 def main(argv=None):
-    """Run the command line; answer the exit status (0 ok, 1 refused, 2 usage)."""
+    """Run the command line; answer the exit status (0 ok, 1 refused, 2 usage).
+
+    The one boundary of the command line's errors: a command raises UsageError (2) or
+    an AgoraError (1, its one line on stderr); what else it answers is its own result
+    (a hook's 0, wake's 2, guard's 1, wait's 124)."""
     argv = sys.argv[1:] if argv is None else argv
     parser = _build_parser(_command_word(argv), argv)
     try:
@@ -5345,7 +5521,7 @@ def main(argv=None):
             if options.paths == ["install"] and "--" not in argv:
                 return _guard_install(options)
             return _guard_command(options)
-        if options.command in CATALOG:
+        if offered(options.command):
             return _run_op(options.command, options)
         parser.print_help(sys.stderr)
         return 2

@@ -5,6 +5,7 @@ Run with ``python3 test_agora.py`` (what ``make test`` does), ``python3 -m unitt
 or pytest.
 """
 
+import collections
 import contextlib
 import http.client
 import io
@@ -27,12 +28,17 @@ AGORA = os.path.join(HERE, "agora.py")
 T0 = 1_800_000_000          # the clock the dispatch tests start from
 
 
+Outcome = collections.namedtuple("Outcome", "status body text")
+
+
 def outcome(store, op, args, caller, now=None):
-    """Run OP through dispatch; answer its Result, or its refusal as a Result of that status."""
+    """Run OP through dispatch; answer (status, body, text): 200 and its Result, or its
+    refusal's status, body and text."""
     try:
-        return agora.call(store, op, args, caller, now)
+        result = agora.call(store, op, args, caller, now)
     except agora.AgoraError as error:
-        return agora.Result(error.status, error.body, error.text)
+        return Outcome(error.status, error.body, error.text)
+    return Outcome(200, result.body, result.text)
 
 
 def when_waiting(store):
@@ -228,7 +234,7 @@ class AgentsTest(StoreCase):
         self.assertIn("alice seen 0s", self.call("agents", now=T0 + 100).text)
 
 
-class ChannelTest(StoreCase):
+class ChannelOpsTest(StoreCase):
 
     def test_create_follow_unfollow(self):
         self.assertEqual(self.ok("create_channel", name="dev", about="code"),
@@ -760,6 +766,47 @@ class TaskTest(StoreCase):
         self.assertEqual(sorted(statuses), [200] + [409] * 7)
 
 
+class OwnTasksTest(StoreCase):
+    """The hidden operations A2A is a face over: one's own tasks, and follow-ups."""
+
+    def test_own_tasks_one_or_a_page_and_never_anothers(self):
+        ids = [self.ok("post_task", title=f"t{i}", now=T0 + i)["id"] for i in range(5)]
+        self.ok("post_task", who="bob", title="bob's")
+        one = self.ok("own_tasks", id=ids[0])["tasks"]
+        self.assertEqual([t["id"] for t in one], [ids[0]])
+        self.assertIn("no task", self.refused(404, "own_tasks", who="bob", id=ids[0]))
+        page = self.ok("own_tasks", limit=2)
+        self.assertEqual(([t["id"] for t in page["tasks"]], page["total"]), (ids[:2:-1][:2], 5))
+        rest = self.ok("own_tasks", limit=2, page=page["next"])
+        self.assertEqual([t["id"] for t in rest["tasks"]], [ids[2], ids[1]])
+        self.ok("claim", who="bob", id=ids[1], lease=10, now=T0 + 10)
+        self.assertEqual([t["id"] for t in self.ok("own_tasks", state="claimed",
+                                                   now=T0 + 11)["tasks"]], [ids[1]])
+        again = self.ok("own_tasks", id=ids[1], now=T0 + 30)["tasks"][0]
+        self.assertEqual((again["status"], again["again"]), ("open", {"why": "lease",
+                                                                      "by": "bob"}))
+        self.assertEqual([t["id"] for t in self.ok("own_tasks", ids=[ids[3], ids[4]])["tasks"]],
+                         [ids[4], ids[3]])
+
+    def test_a_follow_up_reaches_the_holder_only(self):
+        task = self.ok("post_task", title="t")["id"]
+        self.assertIsNone(self.ok("follow_up", id=task, body="anyone?")["told"])
+        self.ok("brief", who="bob")
+        self.ok("claim", who="bob", id=task)
+        self.assertEqual(self.ok("follow_up", id=task, body="how is it going?")["told"], "bob")
+        mail = [m["body"] for m in self.ok("read", who="bob")["messages"]]
+        self.assertIn(f"about task #{task}: how is it going?", mail)
+        self.refused(404, "follow_up", who="carol", id=task, body="not mine")
+        self.ok("done", who="bob", id=task)
+        self.refused(409, "follow_up", id=task, body="too late")
+
+    def test_no_face_offers_them(self):
+        names = {op.name for op in agora.public_operations()}
+        self.assertEqual({name for name in agora.CATALOG if name not in names},
+                         {"own_tasks", "follow_up"})
+        self.assertIsNone(agora.offered("own_tasks"))
+
+
 class NoteTest(StoreCase):
 
     def test_revisions_and_compare_and_set(self):
@@ -1037,7 +1084,8 @@ class GroupCommitTest(StoreCase):
                 with self.store.transaction(write=True) as db:
                     if not first:               # only one block runs at a time
                         first.append(i)
-                        until(lambda: writes.queued == self.writers - 1)
+                        assert until(lambda: writes.queued == self.writers - 1), \
+                            "the other writers never queued"
                     db.execute("INSERT INTO channels (name, created_by, created) "
                                "VALUES (?, 'x', 0)", (f"c{i}",))
                     fail(db, i)
@@ -1098,6 +1146,13 @@ class GroupCommitTest(StoreCase):
         seen = {agent["id"]: agent["seen"] for agent in outcome(
             store, "agents", {}, agora.Caller("dave", True), T0 + 300).body["agents"]}
         self.assertEqual((seen["bob"], seen["carol"]), (T0 + 100, T0 + 200))
+
+    def test_a_read_block_that_fails_says_its_own_error(self):
+        with self.assertRaises(ZeroDivisionError):
+            with self.store.transaction() as db:
+                db.execute("SELECT 1").fetchone()
+                1 / 0
+        self.assertEqual(self.store.query_one("SELECT 2")[0], 2)     # the connection is fine
 
     def test_a_block_inside_a_block_joins_its_transaction(self):
         before = CountingStore.write_transactions
@@ -1227,27 +1282,27 @@ import sys, agora
 store = agora.Store(sys.argv[1])
 won = []
 while True:
-    try:
+    try:                            # any other refusal is a failure: it ends the process
         result = agora.call(store, "claim", {}, agora.Caller(sys.argv[2], True))
     except agora.NotFound:
         break
-    assert result.status == 200, result
     won.append(result.body["task"]["id"])
 store.close()
 print(" ".join(map(str, won)))
 """
 
 DRAINER = """
-import sys, time, agora
+import os, sys, agora
 store = agora.Store(sys.argv[1])
-got = []
-quiet_since = time.monotonic()
-while time.monotonic() - quiet_since < 1.5:
-    result = agora.call(store, "read", {"limit": 7, "wait": 1}, agora.Caller("inbox", True))
-    assert result.status == 200, result
-    if result.body["messages"]:
-        quiet_since = time.monotonic()
-    got += [m["id"] for m in result.body["messages"]]
+got, last_round = [], False
+while not last_round:               # once all is posted (the flag file), one more round
+    last_round = os.path.exists(sys.argv[2])
+    while True:
+        messages = agora.call(store, "read", {"limit": 7, "wait": 1},
+                              agora.Caller("inbox", True)).body["messages"]
+        got += [m["id"] for m in messages]
+        if not messages:
+            break
 store.close()
 print(" ".join(map(str, got)))
 """
@@ -1275,11 +1330,13 @@ class ProcessRaceTest(StoreCase):
 
     def test_inbox_drained_by_several_processes_gets_each_message_once(self):
         self.ok("brief", who="inbox")
-        readers = [self.spawn(DRAINER) for _ in range(3)]
+        posted = os.path.join(self.dir, "all-posted")
+        readers = [self.spawn(DRAINER, posted) for _ in range(3)]
         sent = []
         for i in range(150):
             sent.append(self.ok("post", who=f"w{i % 3}", to="inbox", body=f"m{i}",
                                 now=int(time.time()))["id"])
+        open(posted, "w").close()
         self.assertEqual(sorted(self.ids_printed_by(readers)), sent)
 
     def test_inbox_drained_by_threads_gets_each_message_once(self):
@@ -1374,7 +1431,8 @@ class RestTest(ServerCase):
     def test_get_api_lists_the_catalog_without_a_token(self):
         status, _, body = self.request("GET", "/api")
         self.assertEqual(status, 200)
-        self.assertEqual([op["name"] for op in body["ops"]], list(agora.CATALOG))
+        self.assertEqual([op["name"] for op in body["ops"]],
+                         [op.name for op in agora.public_operations()])
         post = body["ops"][[op["name"] for op in body["ops"]].index("post")]
         self.assertEqual(post["schema"], agora.CATALOG["post"].schema)
         self.assertEqual((body["name"], body["version"]), ("agora", agora.__version__))
@@ -1533,8 +1591,8 @@ class SlowClientTest(ServerCase):
         slow = self.connect()
         slow.sendall(b"GET /api HTTP/1.1\r\nHost: 127.0.0.1\r\n")   # never finished
         self.assertEqual(self.request("GET", "/api")[0], 200)        # others are served
-        self.assertEqual(self.closed_within(slow, 2.5), b"")          # REQUEST_TIMEOUT
-        self.assertEqual(self.closed_within(idle, 2.5), b"")          # IDLE_TIMEOUT
+        self.assertEqual(self.closed_within(slow, 2.5), b"")          # request_timeout
+        self.assertEqual(self.closed_within(idle, 2.5), b"")          # idle_timeout
 
     def test_slowloris_trickle_does_not_keep_a_connection(self):
         sock = self.connect()
@@ -1550,7 +1608,7 @@ class SlowClientTest(ServerCase):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
         self.addCleanup(conn.close)
         for pause in (0, 0.5):
-            time.sleep(pause)                       # within IDLE_TIMEOUT
+            time.sleep(pause)                       # within idle_timeout
             conn.request("GET", "/api")
             response = conn.getresponse()
             response.read()
@@ -1666,7 +1724,8 @@ class PrivacyEveryFaceTest(ServerCase):
 
     def setUp(self):
         super().setUp()
-        self.alice, bob, carol = self.join("alice"), self.join("bob"), self.join("carol")
+        self.alice, bob = self.join("alice"), self.join("bob")
+        self.join("carol")
         status, _, body = self.request("POST", "/api/post", {"to": "carol", "body": self.SECRET},
                                        bob)
         self.secret_id = body["id"]
@@ -1722,7 +1781,7 @@ class TokensInTheClearTest(unittest.TestCase):
         server = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
                                    "--db", db], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
-        port = int(server.stdout.readline().split("127.0.0.1:")[1].split()[0])
+        port = int(read_line(server.stdout).split("127.0.0.1:")[1].split()[0])
 
         def post(path, body, token=None):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -1864,7 +1923,8 @@ class McpHttpTest(ServerCase):
         status, _, body = self.rpc("tools/list")
         tools = body["result"]["tools"]
         self.assertNotIn("nextCursor", body["result"])
-        self.assertEqual([tool["name"] for tool in tools], list(agora.CATALOG))
+        self.assertEqual([tool["name"] for tool in tools],
+                         [op.name for op in agora.public_operations()])
         self.assertLessEqual(len(agora.json_bytes(body)), 14336)    # 14 KB, every tool
         for tool in tools:
             op = agora.CATALOG[tool["name"]]
@@ -2022,7 +2082,7 @@ class McpStatelessTest(ServerCase):
         result = body["result"]
         self.assertEqual((result["resultType"], result["ttlMs"], result["cacheScope"]),
                          ("complete", 0, "public"))
-        self.assertEqual(len(result["tools"]), len(agora.CATALOG))
+        self.assertEqual(len(result["tools"]), len(agora.public_operations()))
         token = self.join("alice")
         status, _, body = self.modern("tools/call", {"name": "post",
                                                      "arguments": {"body": "modern"}}, token)
@@ -2122,13 +2182,13 @@ class McpStdioTest(unittest.TestCase):
         process.stdin.flush()
         answers = {}
         for _ in range(5):
-            line = process.stdout.readline()
+            line = read_line(process.stdout)
             message = json.loads(line)
             answers[message["id"]] = message
         process.stdin.close()
         self.assertEqual(process.wait(10), 0)
         self.assertEqual(answers[0]["result"]["protocolVersion"], "2025-06-18")
-        self.assertEqual(len(answers[1]["result"]["tools"]), len(agora.CATALOG))
+        self.assertEqual(len(answers[1]["result"]["tools"]), len(agora.public_operations()))
         self.assertFalse(answers[2]["result"]["isError"])
         self.assertEqual(answers[3]["result"]["structuredContent"]["agent"], "sam")
         self.assertEqual(answers[None]["error"]["code"], -32700)
@@ -2140,11 +2200,11 @@ class McpStdioTest(unittest.TestCase):
         started = time.monotonic()
         self.send(process, 1, "tools/call", {"name": "read", "arguments": {"wait": 30}})
         self.send(process, 2, "ping")
-        self.assertEqual(json.loads(process.stdout.readline())["id"], 2)
+        self.assertEqual(json.loads(read_line(process.stdout))["id"], 2)
         self.assertLess(time.monotonic() - started, 10)
         subprocess.run([sys.executable, AGORA, "post", "body=wake", "--as", "other",
                         "--db", self.db], check=True, capture_output=True)
-        answer = json.loads(process.stdout.readline())
+        answer = json.loads(read_line(process.stdout))
         self.assertEqual(answer["id"], 1)
         self.assertEqual(answer["result"]["structuredContent"]["messages"][0]["body"], "wake")
         self.assertLess(time.monotonic() - started, 20)
@@ -2155,7 +2215,7 @@ class McpStdioTest(unittest.TestCase):
         process = self.start("--as", "sam")
         self.send(process, 1, "tools/call", {"name": "read", "arguments": {"wait": 60}})
         self.send(process, 2, "ping")               # answered once the read is under way
-        self.assertEqual(json.loads(process.stdout.readline())["id"], 2)
+        self.assertEqual(json.loads(read_line(process.stdout))["id"], 2)
         started = time.monotonic()
         process.stdin.close()
         self.assertEqual(process.wait(10), 0)
@@ -2169,6 +2229,10 @@ class McpStdioTest(unittest.TestCase):
         self.assertEqual(done.returncode, 2)
         self.assertEqual(done.stdout, b"")
         self.assertIn(b"--as", done.stderr)
+        refused = subprocess.run([sys.executable, AGORA, "stdio", "--as", "agora", "--db",
+                                  self.db], env=env, input=b"", capture_output=True, timeout=20)
+        self.assertEqual((refused.returncode, refused.stdout), (1, b""))   # refused, not usage
+        self.assertIn(b"reserved", refused.stderr)
 
 
 ###############################################################################
@@ -2645,8 +2709,11 @@ class CliTest(unittest.TestCase):
     def test_ops_lists_every_operation(self):
         code, out, _ = self.main("ops")
         self.assertEqual(code, 0)
-        for name in agora.CATALOG:
-            self.assertRegex(out, rf"(?m)^{name} ")
+        for op in agora.CATALOG.values():
+            if op.hidden:               # what a face is built on, not what it offers
+                self.assertNotRegex(out, rf"(?m)^{op.name} ")
+            else:
+                self.assertRegex(out, rf"(?m)^{op.name} ")
         self.assertEqual(self.main("ops", "--markdown")[1], agora.ops_markdown())
 
     def test_bad_database_file_is_a_clear_error(self):
@@ -2690,7 +2757,7 @@ class ServeCommandTest(unittest.TestCase):
         server = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
                                    "--db", self.db], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
-        line = server.stdout.readline()
+        line = read_line(server.stdout)
         match = re.fullmatch(r"agora \S+ listening on http://127\.0\.0\.1:(\d+) \(db (.+)\)\n",
                              line)
         self.assertTrue(match, line)
@@ -2719,7 +2786,7 @@ class ServeCommandTest(unittest.TestCase):
         server = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
                                    "--db", self.db, "--quiet"], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
-        self.assertIn("listening on", server.stdout.readline())
+        self.assertIn("listening on", read_line(server.stdout))
         server.send_signal(signal.SIGINT)
         _, err = server.communicate(timeout=10)
         self.assertEqual((server.returncode, err), (0, ""))
@@ -2972,7 +3039,7 @@ class BridgeTest(ServerCase):
 
     def answers(self, process, count):
         return {message["id"]: message for message in
-                (json.loads(process.stdout.readline()) for _ in range(count))}
+                (json.loads(read_line(process.stdout)) for _ in range(count))}
 
     def test_the_bridge_speaks_for_the_remote_agent(self):
         process = self.start()
@@ -2990,7 +3057,7 @@ class BridgeTest(ServerCase):
         process.stdin.close()
         self.assertEqual(process.wait(10), 0)
         self.assertEqual(answers[0]["result"]["serverInfo"]["name"], "agora")
-        self.assertEqual(len(answers[1]["result"]["tools"]), len(agora.CATALOG))
+        self.assertEqual(len(answers[1]["result"]["tools"]), len(agora.public_operations()))
         self.assertFalse(answers[2]["result"]["isError"])
         self.assertEqual((answers[3]["result"]["structuredContent"]["agent"],
                           answers[3]["result"]["resultType"]), ("bridged", "complete"))
@@ -3006,9 +3073,9 @@ class BridgeTest(ServerCase):
         started = time.monotonic()
         McpStdioTest.send(process, 1, "tools/call", {"name": "read", "arguments": {"wait": 30}})
         McpStdioTest.send(process, 2, "ping")
-        self.assertEqual(json.loads(process.stdout.readline())["id"], 2)
+        self.assertEqual(json.loads(read_line(process.stdout))["id"], 2)
         outcome(self.store, "post", {"body": "wake up"}, agora.Caller("other", True))
-        answer = json.loads(process.stdout.readline())
+        answer = json.loads(read_line(process.stdout))
         self.assertEqual(answer["result"]["structuredContent"]["messages"][0]["body"], "wake up")
         self.assertLess(time.monotonic() - started, 15)
         process.stdin.close()
@@ -3020,7 +3087,7 @@ class BridgeTest(ServerCase):
         McpStdioTest.send(process, 2, "tools/list")
         answers = self.answers(process, 2)
         self.assertIn("unknown token", answers[1]["error"]["message"])
-        self.assertEqual(len(answers[2]["result"]["tools"]), len(agora.CATALOG))
+        self.assertEqual(len(answers[2]["result"]["tools"]), len(agora.public_operations()))
         process.stdin.close()
         process.wait(10)
         import socket
@@ -3031,7 +3098,7 @@ class BridgeTest(ServerCase):
         McpStdioTest.send(process, 7, "ping")
         process.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
         process.stdin.close()
-        answer = json.loads(process.stdout.readline())
+        answer = json.loads(read_line(process.stdout))
         self.assertEqual((answer["id"], answer["error"]["code"]), (7, -32603))
         self.assertIn("cannot reach agora", answer["error"]["message"])
         self.assertEqual(process.wait(10), 0)
@@ -4242,7 +4309,7 @@ class BackupCheckTest(unittest.TestCase):
         store = agora.Store(self.db)
         self.addCleanup(store.close)
         self.assertEqual(agora.call(store, "post", {"body": "replicated"},
-                                    agora.Caller("a", True)).status, 200)
+                                    agora.Caller("a", True)).body["dup"], False)
 
     def test_serve_ends_cleanly_however_many_stop_signals_come(self):
         import signal
@@ -4503,9 +4570,9 @@ class WaitCommandTest(unittest.TestCase):
     def test_follow_prints_each_batch_until_the_timeout(self):
         waiting = self.start_wait("--follow", "--timeout", "4", "--tasks")
         self.run_agora("post", "body=first", "--as", "alice")
-        self.assertIn("first", waiting.stdout.readline())      # flushed as it came
+        self.assertIn("first", read_line(waiting.stdout))      # flushed as it came
         self.run_agora("post_task", "title=second", "--as", "alice")
-        self.assertIn('"second"', waiting.stdout.readline())
+        self.assertIn('"second"', read_line(waiting.stdout))
         self.assertEqual(waiting.wait(30), 0)
 
 
@@ -4709,18 +4776,18 @@ class ChannelTest(ServerCase):
         self.send(process, {"id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
             "clientInfo": {"name": "claude-code", "version": "2.1.332"}}})
-        result = json.loads(process.stdout.readline())["result"]
+        result = json.loads(read_line(process.stdout))["result"]
         self.assertEqual(result["capabilities"]["experimental"], {"claude/channel": {}})
         self.assertIn("<channel source=", result["instructions"])
         self.assertIn("not from the user", result["instructions"])
         self.send(process, {"id": 2, "method": "server/discover", "params": {}})
-        self.assertEqual(json.loads(process.stdout.readline())["error"]["code"], -32601)
+        self.assertEqual(json.loads(read_line(process.stdout))["error"]["code"], -32601)
         meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                 "io.modelcontextprotocol/clientCapabilities": {}}
         self.send(process, {"id": 3, "method": "tools/list", "params": {"_meta": meta}})
-        self.assertEqual(json.loads(process.stdout.readline())["error"]["code"], -32601)
+        self.assertEqual(json.loads(read_line(process.stdout))["error"]["code"], -32601)
         self.send(process, {"method": "notifications/initialized"})
-        return lambda: json.loads(process.stdout.readline())
+        return lambda: json.loads(read_line(process.stdout))
 
     def push_and_check(self, process, next_line):
         self.send(process, {"id": 4, "method": "ping"})         # answered while it waits
@@ -4786,8 +4853,35 @@ class DocsTest(unittest.TestCase):
         self.assertEqual(block.group(1), agora.ops_markdown(), "run 'make docs'")
 
 
+class SuiteTest(unittest.TestCase):
+    """The suite itself: every test that is written runs."""
+
+    def test_no_test_is_shadowed_by_another_of_its_name(self):
+        import ast
+        with open(os.path.abspath(__file__), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+        names = [node.name for node in classes]
+        self.assertEqual(sorted({name for name in names if names.count(name) > 1}), [],
+                         "a later class of the same name replaces the first")
+        for node in classes:
+            tests = [item.name for item in node.body if isinstance(item, ast.FunctionDef)
+                     and item.name.startswith("test")]
+            self.assertEqual(sorted({name for name in tests if tests.count(name) > 1}), [],
+                             f"{node.name}: a later test of the same name replaces the first")
+
+
+RUN_LIMIT = 600             # seconds the whole run may take before it is stopped, hung
+
+
 def run():
-    """Run every test and end with a 'N passed, N failed' line; answer the exit status."""
+    """Run every test and end with a 'N passed, N failed' line; answer the exit status.
+
+    A run that hangs (a child that never answers, a deadlock) is stopped after
+    RUN_LIMIT seconds with every thread's traceback, rather than holding CI for ever.
+    """
+    import faulthandler
+    faulthandler.dump_traceback_later(RUN_LIMIT, exit=True)
     suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
     result = unittest.TextTestRunner(verbosity=1).run(suite)
     failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)

@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 import agora  # noqa: E402  (the server under test, standard library only)
 
 NPM_BIN = os.path.join(ROOT, ".interop", "npm", "node_modules", ".bin")
-TOOLS = list(agora.CATALOG)
+TOOLS = [op.name for op in agora.public_operations()]
 CONFORMANCE_SCENARIOS = ["server-initialize", "ping", "tools-list", "dns-rebinding-protection"]
 TCK_DIR = os.path.join(ROOT, ".interop", "a2a-tck")
 TCK_PYTHON = os.path.join(ROOT, ".interop", "tck-venv", "bin", "python")

@@ -307,7 +307,7 @@ def slow_clients(work):
     median, worst = statistics.median(latencies), max(latencies)
     check(f"slow clients: with 300 idle and 50 slowloris connections, 100 posts served in "
           f"median {median:.1f} ms (max {worst:.0f} ms)", median < 100 and worst < 2000)
-    check(f"slowloris: {cut} of 50 trickling connections cut after REQUEST_TIMEOUT "
+    check(f"slowloris: {cut} of 50 trickling connections cut after the request timeout "
           f"({agora.Server.request_timeout} s)", cut == 50)
 
 
