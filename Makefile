@@ -77,10 +77,14 @@ $(INTEROP)/ready: Makefile
 	    $(NPM_FLAGS) --cache $(INTEROP)/npm-cache @google/gemini-cli@$(GEMINI_CLI)
 	touch $@
 
-# Speed and memory against floors measured in the same run.
-# Not part of test or CI: it takes a minute and wants a quiet machine.
+# Speed and memory against floors measured in the same run, the throughput under
+# wrk (Debian's package, installed when missing and possible). Not part of test or
+# CI: it takes a few minutes and wants a quiet machine.
 .PHONY: bench
 bench:
+	command -v wrk >/dev/null || { apt-get update && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends wrk; } || \
+	    echo "wrk could not be installed: the throughput figures use Python clients"
 	$(PYTHON) .ci/bench.py
 
 # Races across processes, kill -9 under load, fuzzing and slow clients: bounded,

@@ -283,8 +283,9 @@ CREATE INDEX messages_by_channel ON messages (channel, id, sender);
     # Held delivery: a cursor whose acked_id is set holds the messages past it, up to
     # last_id, for its reader until held_until; acked_past lists those past it acked
     # out of turn (final: never given again), held_count how many are held; redelivered
-    # counts how often those up to redo_upto came before. A direct message may ask for an acknowledgement
-    # (asks_ack), which receipts follow. told_lease: leases news has told ran out.
+    # counts how often those up to redo_upto came before. A direct message may ask for
+    # an acknowledgement (asks_ack), which receipts follow. told_lease: leases news has
+    # told ran out.
     # The ready sequence moves on in counters, as tasks leave and rejoin the ready.
     7: """
 ALTER TABLE cursors ADD COLUMN acked_id INTEGER;
@@ -521,6 +522,14 @@ class GroupCommit:
         if self.owner == threading.get_ident():
             yield from self._savepoint(self.batch)
             return
+        with self.turn() as batch:
+            yield from self._savepoint(batch)
+
+    @contextlib.contextmanager
+    def turn(self):
+        """Own the open transaction (begun if none is) and yield its _Batch; on leaving,
+        hand it on or commit it, and return once the commit that holds this turn's
+        writes is done (StoreError when it failed). Blocks inside are savepoints."""
         with self.queue_lock:
             self.queued += 1
         self.lock.acquire()
@@ -530,7 +539,7 @@ class GroupCommit:
             batch = self.batch or self._begin()
             self.owner = threading.get_ident()
             try:
-                yield from self._savepoint(batch)
+                yield batch
             finally:
                 self.owner = None
                 self._end_turn(batch)
@@ -613,6 +622,7 @@ class Store:
         self._seen_written = {}
         self._tokens, self._tokens_mark = {}, None
         self.token_marker = os.path.realpath(path) + "-tokens"
+        self.writer = None          # a server's Writer: its writes run on that one thread
         self._closed = False
         private_file(path)
         con = self._connect()
@@ -947,9 +957,22 @@ caller is whoever holds TOKEN (None: no token was sent).
 # any agent's token).
 OPERATOR = Caller(None, True)
 
-Result = namedtuple("Result", "body text")
-Result.__doc__ = """An operation's answer: its JSON body and a compact text (a refusal is an
-AgoraError instead, which carries the status)."""
+class Result:
+    """An operation's answer: its JSON body and its compact text (a refusal is an
+    AgoraError instead, which carries the status). TEXT may be given as a function
+    that makes it: a JSON client never reads it, and a long listing's costs."""
+
+    __slots__ = ("body", "_text")
+
+    def __init__(self, body, text):
+        self.body, self._text = body, text
+
+    @property
+    def text(self):
+        """Answer the text, made on first use."""
+        if callable(self._text):
+            self._text = self._text()
+        return self._text
 
 
 class Operation(namedtuple("Operation", "name summary schema readonly open hidden handler")):
@@ -1974,24 +1997,28 @@ def op_read(store, caller, args, now):
             at = now + int(time.monotonic() - started)
             with store.transaction(write=True) as db:
                 messages, remaining = _deliver(db, caller.name, args["limit"], at, hold)
-                newest = _newest_id(db)
+                newest = None if messages else _newest_id(db)
             left = poll.deadline - time.monotonic()
             if messages or left <= 0:
                 break
             store.wait(lambda: store.marks()[0] > newest, left)
-    lines = [_message_line(message, now) for message in messages]
     body = {"messages": messages, "remaining": remaining.total}
-    if remaining.total:
-        lines.append(f"({count_text(remaining.total, remaining.capped)} more waiting: "
-                     "read again)")
     if hold and messages:
-        upto = max(message["id"] for message in messages)
-        body["held"] = {"until": at + hold, "upto": upto}
-        lines.append(f"(held for {age(hold)}: ack upto={upto} when done, or they come back)")
-    if not messages:
-        lines.append(waited_text(args["wait"], poll) if args["wait"]
-                     else f"nothing new (read wait={MAX_WAIT} waits for mail)")
-    return Result(body, "\n".join(lines))
+        body["held"] = {"until": at + hold, "upto": max(m["id"] for m in messages)}
+
+    def text():
+        lines = [_message_line(message, now) for message in messages]
+        if remaining.total:
+            lines.append(f"({count_text(remaining.total, remaining.capped)} more waiting: "
+                         "read again)")
+        if "held" in body:
+            lines.append(f"(held for {age(hold)}: ack upto={body['held']['upto']} when done, "
+                         "or they come back)")
+        if not messages:
+            lines.append(waited_text(args["wait"], poll) if args["wait"]
+                         else f"nothing new (read wait={MAX_WAIT} waits for mail)")
+        return "\n".join(lines)
+    return Result(body, text)
 
 
 @operation("ack", "Acknowledge what you were given (up to an id, these ids, or all): held "
@@ -2032,14 +2059,14 @@ def op_ack(store, caller, args, now):
             acked += _settle(db, me, cursor, given_upto[channel], named.get(channel),
                              args["upto"])
         box = mailbox(me)
-        asked = ([i for i in named.get(box, ())] if args["ids"]
-                 else [None])                   # None: every request up to the position
-        receipts = db.execute(
+        named_here = sorted(named.get(box, ()))     # with ids: the receipts of just those
+        receipts = [] if args["ids"] and not named_here else db.execute(
             "SELECT r.message_id, r.sender, m.body FROM receipts r JOIN messages m ON "
             "m.id = r.message_id WHERE r.recipient = ? AND r.acked IS NULL AND "
-            f"r.message_id <= ? AND ({' OR '.join('r.message_id = ?' if i else '1' for i in asked)})",
-            [me, min(given_upto.get(box, 0), args["upto"] or 2 ** 63 - 1)]
-            + [i for i in asked if i]).fetchall() if asked else []
+            "r.message_id <= ?" + (f" AND r.message_id IN ({','.join('?' * len(named_here))})"
+                                   if args["ids"] else ""),
+            [me, min(given_upto.get(box, 0), args["upto"] or 2 ** 63 - 1)] + named_here
+        ).fetchall()
         for message_id, sender, body in receipts:
             db.execute("UPDATE receipts SET acked = ? WHERE message_id = ?", (now, message_id))
             _tell(db, sender, f"{me} acknowledged #{message_id}: {clip(body, 60)}", now)
@@ -2136,11 +2163,12 @@ def op_history(store, caller, args, now):
                     message["read"] = message["id"] <= seen_up_to
                     if message.get("ack"):
                         message["acked"] = message["id"] in acked
-    lines = [_message_line(message, now) for message in messages]
-    if more:
-        lines.append(f"(older: history channel={channel} before={messages[0]['id']})")
-    return Result({"messages": messages, "more": more},
-                  "\n".join(lines) or f"no messages in {channel}")
+    def text():
+        lines = [_message_line(message, now) for message in messages]
+        if more:
+            lines.append(f"(older: history channel={channel} before={messages[0]['id']})")
+        return "\n".join(lines) or f"no messages in {channel}"
+    return Result({"messages": messages, "more": more}, text)
 
 
 @operation("message", "One message and the replies to it.", {"id": ID},
@@ -2442,8 +2470,8 @@ def op_tasks(store, caller, args, now):
         tasks = [_task(row) for row in db.execute(
             f"{TASK_ROWS} WHERE {where} ORDER BY {order} LIMIT :limit",
             {"now": now, "me": caller.name, "tag": args["tag"], "limit": args["limit"]})]
-    text = "\n".join(_task_line(task, now) for task in tasks)
-    return Result({"tasks": tasks}, text or f"no {args['which']} tasks")
+    return Result({"tasks": tasks}, lambda: "\n".join(_task_line(task, now) for task in tasks)
+                  or f"no {args['which']} tasks")
 
 
 def _find_task(db, task_id, now):
@@ -3106,6 +3134,8 @@ def call(store, name, args=None, caller=OPERATOR, now=None):
         op = CATALOG.get(name)
         if op is None:
             raise NotFound(f"no operation {name!r:.60}", hint="ops lists them")
+        if store.writer is not None and store.writer.takes(op, args):
+            return store.writer.run(name, args, caller, now)
         check_identity(store, op, caller, now)
         args = validate(op, {} if args is None else args)
         if caller.name is not None:
@@ -3120,6 +3150,94 @@ def call(store, name, args=None, caller=OPERATOR, now=None):
         import traceback        # only ever needed to report a bug
         traceback.print_exc(file=sys.stderr)
         raise InternalError(f"internal error in {name}; the server log has details") from None
+
+
+class _Request:
+    """One operation waiting for the writer, and (once `done` is released) its outcome.
+    A held lock is the cheapest latch: the asker waits to take it, the writer lets go."""
+
+    def __init__(self, name, args, caller, now):
+        self.name, self.args, self.caller, self.now = name, args, caller, now
+        self.done, self.outcome = threading.Lock(), None
+        self.done.acquire()
+
+
+class Writer:
+    """The one thread that runs a server's writes, so that handler threads only frame.
+
+    Invariant: each turn takes every request queued (up to GROUP_COMMIT_MAX) and runs
+    them one after another in one GroupCommit turn, so each operation's own write
+    blocks are savepoints of one transaction, commits once, and
+    only then answers every request of the turn. So an answered write is on disk; an
+    operation that fails undoes its own savepoints alone and answers its own refusal
+    (a bug in it is its 500, and the thread goes on); a commit that fails fails every
+    request of the turn; and SQLite's work stays in one thread instead of handing the
+    GIL around among handler threads at every statement. It takes only what cannot
+    wait (takes): a long-poll would hold up every writer behind it, and a block already
+    in a transaction of its own thread must finish there.
+    """
+
+    def __init__(self, store):
+        self.store = store
+        self.queue, self.ready = [], threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._serve, name="agora-writer", daemon=True)
+        self.thread.start()
+
+    def takes(self, op, args):
+        """Answer whether the writer thread should run OP with ARGS for the caller."""
+        return (not op.readonly and threading.current_thread() is not self.thread
+                and self.store.writes.connection() is None
+                and not (isinstance(args, dict) and args.get("wait") not in (None, 0, "0")))
+
+    def run(self, name, args, caller, now):
+        """Run operation NAME on the writer thread and answer its Result (or raise)."""
+        request = _Request(name, args, caller, now)
+        with self.ready:
+            if self.stopping:
+                raise StoreError("the server is stopping")
+            self.queue.append(request)
+            self.ready.notify()
+        request.done.acquire()
+        if isinstance(request.outcome, BaseException):
+            raise request.outcome
+        return request.outcome
+
+    def _serve(self):
+        while True:
+            with self.ready:
+                while not self.queue and not self.stopping:
+                    self.ready.wait()
+                if not self.queue:
+                    return
+                turn = self.queue[:GROUP_COMMIT_MAX]
+                del self.queue[:GROUP_COMMIT_MAX]
+            try:
+                with self.store.writes.turn():
+                    for request in turn:
+                        try:
+                            request.outcome = call(self.store, request.name, request.args,
+                                                   request.caller, request.now)
+                        except AgoraError as error:
+                            request.outcome = error
+            except AgoraError as error:         # the commit failed: none of it stands
+                for request in turn:
+                    request.outcome = error
+            except Exception:                   # a bug of the writer's own: said, and on
+                import traceback
+                traceback.print_exc(file=sys.stderr)
+                for request in turn:
+                    request.outcome = InternalError("internal error; the server log has "
+                                                    "details")
+            for request in turn:
+                request.done.release()
+
+    def close(self):
+        """Answer what is queued, then end the thread."""
+        with self.ready:
+            self.stopping = True
+            self.ready.notify()
+        self.thread.join()
 
 
 ###############################################################################
@@ -3973,6 +4091,29 @@ def find_route(path):
                       json=False)
 
 
+class Headers:
+    """A request's header fields as RequestHandler reads them: in the order sent, looked
+    up without regard to case (get answers the first of a name, get_all every one)."""
+
+    def __init__(self, fields):
+        self.fields, self.named = fields, {}
+        for name, value in fields:
+            self.named.setdefault(name.lower(), []).append(value)
+
+    def get(self, name, default=None):
+        """Answer the first value of field NAME, or DEFAULT."""
+        values = self.named.get(name.lower())
+        return values[0] if values else default
+
+    def get_all(self, name, default=None):
+        """Answer every value of field NAME, or DEFAULT when there is none."""
+        return list(self.named.get(name.lower(), ())) or default
+
+    def items(self):
+        """Answer the (name, value) pairs as sent."""
+        return list(self.fields)
+
+
 class RequestHandler:
     """HTTP framing for the faces; mixed into BaseHTTPRequestHandler.
 
@@ -4007,15 +4148,54 @@ class RequestHandler:
             self.server.watch(self.connection, None, closed=True)
 
     def parse_request(self):
-        """Give the request its time to arrive whole; refuse oversized headers."""
+        """Read the request line and the header fields, refusing what http.server refuses
+        (a malformed line 400, HTTP/2 and later 505, long or many headers 431); answer
+        whether to go on. The fields are read into Headers: the email package's parser,
+        which http.server uses, costs a small request a third of its time."""
         self.server.watch(self.connection, self.server.request_timeout)
-        if not super().parse_request():
+        self.command, self.request_version, self.close_connection = None, "HTTP/0.9", True
+        self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        words = self.requestline.split()
+        if not words:
             return False
-        if sum(len(key) + len(value) + 4 for key, value in self.headers.items()) > \
-                self.max_header_bytes:
-            self.close_connection = True
-            self.send_error(431, f"request headers over {self.max_header_bytes} bytes")
+        version = re.fullmatch(r"HTTP/([0-9]{1,10})\.([0-9]{1,10})", words[-1])
+        if len(words) == 3 and not version:
+            self.send_error(400, f"Bad request version ({words[-1]!r})")
             return False
+        if len(words) not in (2, 3) or len(words) == 2 and words[0] != "GET":
+            self.send_error(400, f"Bad request syntax ({self.requestline!r})")
+            return False
+        if len(words) == 3:
+            if int(version[1]) >= 2:
+                self.send_error(505, f"Invalid HTTP version ({version[1]}.{version[2]})")
+                return False
+            self.request_version = words[2]
+            self.close_connection = (int(version[1]), int(version[2])) < (1, 1)
+        self.command, self.path = words[0], "/" + words[1].lstrip("/") \
+            if words[1].startswith("//") else words[1]      # //host would be absolute
+        fields, size = [], 0
+        while True:
+            line = self.rfile.readline(65537)
+            if len(line) > 65536 or len(fields) >= 100 or size + len(line) > self.max_header_bytes:
+                self.close_connection = True
+                self.send_error(431, f"request headers over {self.max_header_bytes} bytes")
+                return False
+            if line in (b"\r\n", b"\n", b""):
+                break
+            size += len(line)
+            text = line.decode("iso-8859-1").rstrip("\r\n")
+            if text[:1] in (" ", "\t") and fields:       # a folded line goes on the last
+                fields[-1] = (fields[-1][0], f"{fields[-1][1]} {text.strip()}")
+            else:
+                name, _, value = text.partition(":")
+                fields.append((name.strip(), value.strip()))
+        self.headers = Headers(fields)
+        connection = self.headers.get("Connection", "").lower()
+        if connection in ("close", "keep-alive"):
+            self.close_connection = connection == "close"
+        if (self.headers.get("Expect", "").lower() == "100-continue"
+                and self.request_version >= "HTTP/1.1"):
+            return self.handle_expect_100()
         return True
 
     def handle_one_method(self):
@@ -4090,7 +4270,7 @@ class RequestHandler:
     def send(self, status, payload, headers):
         """Write one whole answer in a single write, then wait for the next request."""
         lines = [f"{self.protocol_version} {status} {self.responses.get(status, ('',))[0]}",
-                 f"Server: {self.server_version}", f"Date: {self.date_time_string()}",
+                 f"Server: {self.server_version}", f"Date: {self.server.date()}",
                  f"Content-Length: {len(payload)}"]
         if payload and not any(key == "Content-Type" for key, _ in headers):
             lines.append("Content-Type: application/json; charset=utf-8")
@@ -4138,9 +4318,18 @@ class Server:
         self.store = store
         self.deadlines, self.open_connections = {}, set()
         self.addresses, self.per_address = {}, {}   # socket -> client address; counts
+        self.dated = (None, "")
         self.watch_lock = threading.Lock()
         self.watchdog_stop = threading.Event()
         super().__init__(address, handler)
+
+    def date(self):
+        """Answer the Date header's value, made once a second."""
+        second = int(time.time())
+        if self.dated[0] != second:
+            import email.utils
+            self.dated = (second, email.utils.formatdate(second, usegmt=True))
+        return self.dated[1]
 
     def start_watchdog(self):
         """Start the thread that closes connections past their time."""
@@ -4204,9 +4393,12 @@ class Server:
         super().shutdown_request(request)
 
     def server_close(self):
-        """Stop the watchdog and close the listening socket."""
+        """Stop the watchdog and the writer, and close the listening socket."""
         self.watchdog_stop.set()
         super().server_close()
+        writer, self.store.writer = self.store.writer, None
+        if writer is not None:
+            writer.close()
 
     def handle_error(self, request, client_address):
         """Ignore clients that hang up or time out; log anything else."""
@@ -4265,6 +4457,8 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
     server = server_class((host.strip("[]"), port), handler, store, **settings)
     server.allowed_hosts = allowed_hosts(host, server.server_address[1], allow_hosts,
                                          server.public_url)
+    if store.writer is None:
+        store.writer = Writer(store)
     server.start_watchdog()
     return server
 

@@ -1563,6 +1563,88 @@ class RestTest(ServerCase):
         self.assertNotIn("Traceback", stderr.getvalue())
 
 
+class WriterTest(ServerCase):
+    """A server's writes run on its one writer thread: answered only once committed,
+    one failing request alone in its turn, and nothing dropped for a slow turn."""
+
+    def queue_behind_a_held_lock(self, bodies, token):
+        """Hold the write lock while BODIES are posted, so that the writer takes all but
+        the first in one turn; answer {body: (status, answer body)} once all are back."""
+        answers, writer = {}, self.store.writer
+        threads = [threading.Thread(target=lambda body=body: answers.__setitem__(
+            body, self.request("POST", "/api/post", {"body": body}, token)[::2]))
+            for body in bodies]
+        self.store.writes.lock.acquire()
+        try:
+            threads[0].start()              # the writer takes it, and waits for the lock
+            self.assertTrue(until(lambda: self.store.writes.queued == 1))
+            for thread in threads[1:]:
+                thread.start()
+            self.assertTrue(until(lambda: len(writer.queue) == len(bodies) - 1))
+        finally:
+            self.store.writes.lock.release()
+        for thread in threads:
+            thread.join(30)
+        return answers
+
+    def test_nothing_is_answered_before_its_commit(self):
+        token = self.join("alice")
+        original = self.store.writes.before_commit
+
+        def failing(db):
+            original(db)
+            raise sqlite3.OperationalError("disk I/O error (the test's)")
+        self.store.writes.before_commit = failing
+        answers = self.queue_behind_a_held_lock([f"lost {i}" for i in range(6)], token)
+        self.store.writes.before_commit = original
+        self.assertEqual({status for status, _ in answers.values()}, {500})
+        self.assertTrue(all("not saved" in body["error"] for _, body in answers.values()))
+        self.assertEqual(len(answers), 6)
+        kept = self.request("GET", "/api/history?channel=public", token=token)[2]["messages"]
+        self.assertEqual(kept, [])
+        self.assertEqual(self.request("POST", "/api/post", {"body": "saved now"}, token)[0], 200)
+
+    def test_one_failing_request_fails_alone_in_its_turn(self):
+        token = self.join("alice")
+        original = agora.CATALOG["post"]
+
+        def sometimes_broken(store, caller, args, now):
+            if args["body"] == "bug":
+                with store.transaction(write=True) as db:
+                    db.execute("INSERT INTO channels (name, created_by, created) VALUES "
+                               "('half-done', 'x', 0)")
+                    raise RuntimeError("a bug in a handler")
+            return original.handler(store, caller, args, now)
+        agora.CATALOG["post"] = original._replace(handler=sometimes_broken)
+        self.addCleanup(agora.CATALOG.__setitem__, "post", original)
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            answers = self.queue_behind_a_held_lock(["one", "bug", "two", "three"], token)
+        self.assertEqual({body: status for body, (status, _) in answers.items()},
+                         {"one": 200, "bug": 500, "two": 200, "three": 200})
+        self.assertIn("a bug in a handler", stderr.getvalue())     # the traceback, logged
+        kept = self.request("GET", "/api/history?channel=public", token=token)[2]["messages"]
+        self.assertEqual(sorted(m["body"] for m in kept), ["one", "three", "two"])
+        self.assertIsNone(self.store.query_one("SELECT 1 FROM channels WHERE name = 'half-done'"))
+        self.assertTrue(self.store.writer.thread.is_alive())
+
+    def test_a_request_outwaited_by_its_client_is_still_done(self):
+        token = self.join("alice")
+        self.store.writes.lock.acquire()
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=0.5)
+            conn.request("POST", "/api/post", body=json.dumps({"body": "patient"}),
+                         headers={"Authorization": f"Bearer {token}"})
+            with self.assertRaises(OSError):            # the client gives up first
+                conn.getresponse()
+            conn.close()
+        finally:
+            self.store.writes.lock.release()
+        self.assertTrue(until(lambda: self.store.query_one(
+            "SELECT count(*) FROM messages WHERE body = 'patient'")[0] == 1))
+        self.assertEqual(self.request("POST", "/api/post", {"body": "next"}, token)[0], 200)
+
+
 class SlowClientTest(ServerCase):
     """The watchdog: idle, slow-sending and slow-reading clients are let go."""
 
