@@ -94,8 +94,8 @@ stress:
 	$(PYTHON) .ci/stress.py
 
 # The web page in a real headless browser: Debian's Chromium (installed when
-# missing) driven by Playwright from the interop environment. Screenshots land
-# in .interop/e2e-laptop.png and .interop/e2e-phone.png.
+# missing) driven by Playwright from the interop environment. Screenshots of the
+# page, the team and the plan at laptop and phone sizes land in .interop/e2e-*.png.
 .PHONY: e2e
 e2e: $(INTEROP)/ready
 	command -v chromium >/dev/null || { apt-get update && \

@@ -1741,26 +1741,52 @@ def op_profile(store, caller, args, now):
     return Result({"agent": caller.name}, f"{caller.name}: about updated")
 
 
-@operation("agents", "Who is here: status, about and last seen, most recent first.",
-           {"limit": LIMIT}, readonly=True)
-def op_agents(store, caller, args, now):
-    """List agents, most recently seen first."""
-    with store.transaction() as db:
-        rows = db.execute("SELECT name, about, status, created, seen FROM agents "
-                          "WHERE name != ? ORDER BY seen DESC, name LIMIT ?",
-                          (SYSTEM_SENDER, args["limit"])).fetchall()
-    agents = [{"id": row["name"], "about": row["about"], "status": row["status"],
-               "created": row["created"], "seen": row["seen"]} for row in rows]
-    lines = []
-    for agent in agents:
-        line = f"{agent['id']} seen {age(now - agent['seen'])}"
-        if agent["status"]:
-            line += f" · {clip(agent['status'], 100)}"
-        if agent["about"]:
-            line += f" — {clip(agent['about'], 100)}"
-        lines.append(line)
-    return Result({"agents": agents}, "\n".join(lines) or "nobody yet")
+AGENT_ITEMS = 10            # held tasks and reservations `agents` shows per agent
 
+
+@operation("agents", "Who is here: status, last seen, the tasks each holds and the paths "
+           "each reserved, most recent first.", {"limit": LIMIT}, readonly=True)
+def op_agents(store, caller, args, now):
+    """List agents, most recently seen first, each with what it holds and reserves (up to
+    AGENT_ITEMS of each); the caller's own record also counts its unread messages."""
+    held_sql = (f"SELECT id, title, lease_until FROM tasks WHERE owner = :name AND "
+                f"{HELD_TASK} ORDER BY lease_until LIMIT :items")
+    reserved_sql = (f"SELECT * FROM reservations WHERE agent = :name AND {LIVE_RESERVATION} "
+                    "ORDER BY project, path LIMIT :items")
+    agents, unread = [], None
+    with store.transaction() as db:
+        for row in db.execute("SELECT name, about, status, created, seen FROM agents "
+                              "WHERE name != ? ORDER BY seen DESC, name LIMIT ?",
+                              (SYSTEM_SENDER, args["limit"])).fetchall():
+            where = {"name": row["name"], "now": now, "items": AGENT_ITEMS}
+            agent = {"id": row["name"], "about": row["about"], "status": row["status"],
+                     "created": row["created"], "seen": row["seen"],
+                     "held": [dict(task) for task in db.execute(held_sql, where)],
+                     "reserved": [_reservation(r) for r in db.execute(reserved_sql, where)]}
+            if row["name"] == caller.name:
+                unread = _unread(db, caller.name, now)
+                agent["unread"] = unread.total
+            agents.append(agent)
+    return Result({"agents": agents}, lambda: "\n".join(
+        _agent_line(agent, now, unread) for agent in agents) or "nobody yet")
+
+
+def _agent_line(agent, now, unread):
+    line = f"{agent['id']} seen {age(now - agent['seen'])}"
+    if agent["status"]:
+        line += f" · {clip(agent['status'], 100)}"
+    if "unread" in agent:
+        line += f" · {count_text(unread.total, unread.capped)} unread"
+    if agent["held"]:
+        line += " · holding " + ", ".join(f"#{task['id']} \"{clip(task['title'], 40)}\" "
+                                          f"({age(task['lease_until'] - now)} left)"
+                                          for task in agent["held"])
+    if agent["reserved"]:
+        line += " · reserved " + ", ".join(
+            r["path"] + (f" in {r['project']}" if r["project"] else "") for r in agent["reserved"])
+    if agent["about"]:
+        line += f" — {clip(agent['about'], 100)}"
+    return line
 
 
 # Channels and messages -------------------------------------------------------
@@ -2343,6 +2369,7 @@ TASK_LISTS = {
     "mine": (f"owner = :me AND {HELD_TASK}", "id DESC"),
     "posted": (f"poster = :me AND status IN {sql_set(UNFINISHED)}", "id DESC"),
     "done": (f"status IN {sql_set(WITH_RESULT)}", "updated DESC, id DESC"),
+    "unfinished": (f"status IN {sql_set(UNFINISHED)}", "id"),
     "all": ("1", "id DESC"),
 }
 
@@ -2457,7 +2484,7 @@ def op_update_task(store, caller, args, now):
 
 
 @operation("tasks", "List tasks: open (ready, best first), blocked, mine (held), posted "
-           "(yours, unfinished), done or all.",
+           "(yours, unfinished), done, unfinished (the plan, oldest first) or all.",
            {"which": {"type": "string", "enum": list(TASK_LISTS), "default": "open"},
             "tag": NAME, "limit": LIMIT},
            readonly=True)
@@ -5776,25 +5803,58 @@ aside button.current { background: #e4ebfb; }
 .composer { display: flex; gap: .5em; margin-top: .6em; align-items: flex-end; }
 .replying { color: var(--muted); font-size: .85em; }
 .board { display: grid; grid-template-columns: repeat(5, minmax(0, 1fr)); gap: .8em; flex: 1; }
-#reservations { list-style: none; padding: .6em .8em; margin: .8em 0 0; }
+.plan, .reservations { padding: .6em .8em; margin-bottom: .8em; }
+.tasks-row .pane { padding: 0; }
+.plan h3, .reservations h3 { margin: 0 0 .3em; font-size: .95em; }
+.legend { display: flex; flex-wrap: wrap; gap: .2em .9em; margin: 0 0 .4em; }
+.key::before { content: ""; display: inline-block; width: .8em; height: .8em;
+               margin-right: .3em; border: 1.5px solid; border-radius: 3px; }
+.key.ready::before { background: #e3f3e8; border-color: var(--good); }
+.key.waiting::before { background: #f1f3f5; border: 1.5px dashed #8a949e; }
+.key.claimed::before { background: #e4ebfb; border-color: var(--accent); }
+.key.failed::before { background: #fbe9e7; border-color: var(--bad); }
+#plan-wrap { overflow-x: auto; }
+#plan { display: block; }
+#plan .node { cursor: pointer; outline: none; }
+#plan rect { stroke-width: 1.5; }
+#plan .ready rect { fill: #e3f3e8; stroke: var(--good); }
+#plan .waiting rect { fill: #f1f3f5; stroke: #8a949e; stroke-dasharray: 5 3; }
+#plan .claimed rect { fill: #e4ebfb; stroke: var(--accent); }
+#plan .failed rect, #plan .cancelled rect { fill: #fbe9e7; stroke: var(--bad); }
+#plan .node.picked rect, #plan .node:focus rect { stroke-width: 3; }
+#plan text { font-size: 12.5px; fill: var(--fg); }
+#plan text.sub { font-size: 11.5px; fill: var(--muted); }
+#plan .arrow { fill: none; stroke: #8a949e; stroke-width: 1.4; }
+#plan marker path { fill: #8a949e; }
+#plan-card .task { margin: .6em 0 0; max-width: 40em; }
+#reservations { list-style: none; padding: 0; margin: .5em 0 0; }
 #reservations li { padding: .2em 0; overflow-wrap: anywhere; }
 .column h3 { margin: .2em 0 .5em; font-size: .95em; }
 .task { padding: .6em; margin-bottom: .6em; }
 .task .title { font-weight: 600; overflow-wrap: anywhere; }
 .task .actions { margin-top: .4em; display: flex; gap: .4em; flex-wrap: wrap; }
 #task-form, #note-form { display: grid; gap: .4em; padding: .8em; flex: 0 0 16em; }
-#tab-tasks { flex-direction: row-reverse; }
+#tab-tasks { flex-direction: column; align-items: stretch; gap: 0; }
+#holding { margin: 0 0 .5em; }
+.tasks-row { display: flex; flex-direction: row-reverse; gap: 1em; align-items: flex-start; }
 pre.note { white-space: pre-wrap; overflow-wrap: anywhere; background: #fff;
            border: 1px solid var(--line); border-radius: 6px; padding: .6em; min-height: 3em; }
-#agent-list { list-style: none; padding: 0; margin: 0; width: 100%; }
-#agent-list li { padding: .5em .8em; margin-bottom: .4em; overflow-wrap: anywhere; }
+#team { list-style: none; padding: 0; margin: 0; width: 100%; }
+.member { display: grid; grid-template-columns: 2fr 3fr 3fr; gap: .3em 1.2em;
+          padding: .6em .8em; margin-bottom: .5em; overflow-wrap: anywhere; }
+.member.idle { background: #f1f3f5; color: var(--muted); }
+.member .badge { float: none; margin-left: .5em; }
+.member ul { list-style: none; margin: 0; padding: 0; }
+.member li { padding: .1em 0; }
+button.link { border: none; background: none; padding: 0; color: var(--accent); }
 #status { position: fixed; bottom: .8em; left: 50%; transform: translateX(-50%);
           max-width: 90vw; padding: .4em .9em; overflow-wrap: anywhere; }
 #status:empty { display: none; }
 @media (max-width: 760px) {
-  section, #tab-tasks { flex-direction: column; }
+  section, .tasks-row { flex-direction: column; }
+  .tasks-row { align-items: stretch; }
   aside, #task-form, #note-form { flex: none; width: 100%; max-height: 28vh; }
-  .board { grid-template-columns: 1fr; }
+  .board, .member { grid-template-columns: 1fr; }
   .messages { max-height: 50vh; }
 }
 """
@@ -5804,26 +5864,40 @@ WEB_SCRIPT = r"""
 const $ = (selector) => document.querySelector(selector);
 let token = sessionStorage.getItem("agora-token") || "";
 let me = "", tab = "channels", channel = "public", peer = null, note = null, replyTo = null;
+let picked = null;      // the task whose card the plan shows
 let poll = null;
 const fresh = {};
 
-function el(tag, props, ...children) {
-  const node = document.createElement(tag);
+const SVG = "http://www.w3.org/2000/svg";
+const IDLE = 600;       // seconds unseen after which an agent looks idle
+
+function build(node, props, children) {
   for (const [key, value] of Object.entries(props || {})) {
     if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
-    else if (key === "className") node.className = value;
-    else node.setAttribute(key, value);
+    else node.setAttribute(key === "className" ? "class" : key, value);
   }
   for (const child of children) if (child !== null && child !== undefined) node.append(child);
-  return node;          // text goes in as text nodes: nothing a message says is ever run
+  return node;          // text goes in as text nodes: nothing a peer wrote is ever run
 }
 
-function age(ts) {
-  const s = Math.max(0, Math.floor(Date.now() / 1000 - ts));
+const el = (tag, props, ...children) => build(document.createElement(tag), props, children);
+const svg = (tag, props, ...children) => build(document.createElementNS(SVG, tag), props,
+                                               children);
+
+function span(seconds) {
+  const s = Math.max(0, Math.floor(seconds));
   if (s >= 86400) return Math.floor(s / 86400) + "d";
   if (s >= 3600) return Math.floor(s / 3600) + "h";
   if (s >= 60) return Math.floor(s / 60) + "m";
   return s + "s";
+}
+
+const age = (ts) => span(Date.now() / 1000 - ts);
+const left = (ts) => span(ts - Date.now() / 1000);
+
+function clipped(text, width) {
+  const line = text.split(/\s+/).join(" ").trim();
+  return line.length <= width ? line : line.slice(0, width - 1) + "…";
 }
 
 function say(text) {
@@ -5905,7 +5979,7 @@ function show(name) {
 
 function refresh() {
   const load = {channels: loadChannels, direct: loadDirect, tasks: loadTasks,
-                notes: loadNotes, agents: loadAgents}[tab];
+                notes: loadNotes, team: loadTeam}[tab];
   load().catch((error) => say(error.message));
 }
 
@@ -5981,7 +6055,7 @@ function taskCard(task) {
        " · " + age(task.created)));
   if (task.status === "claimed")
     card.append(el("div", {className: "meta"}, "held by " + task.owner + ", " +
-                   age(2 * Date.now() / 1000 - task.lease_until) + " left"));
+                   left(task.lease_until) + " left"));
   if (task.waiting_for.length)
     card.append(el("div", {className: "meta"},
                    "waits for " + task.waiting_for.map((id) => "#" + id).join(", ")));
@@ -6010,8 +6084,133 @@ function taskCard(task) {
   return card;
 }
 
+function planState(task) {
+  if (task.status === "open") return task.waiting_for.length ? "waiting" : "ready";
+  return task.status;
+}
+
+const PLAN = {width: 184, least: 136, height: 50, apart: 14, down: 12, between: 40, pad: 8};
+
+function layOut(nodes, edges, room) {
+  // Layers from what is ready (top) to what waits longest: a task sits one layer below
+  // its deepest blocker, so every arrow points down. Within a layer, tasks sit near the
+  // middle of their blockers (then of what waits for them) so that arrows cross little;
+  // a layer wider than the room wraps onto more lines, and boxes narrow to fit a phone.
+  const into = new Map(nodes.map((task) => [task.id, []]));
+  const out = new Map(nodes.map((task) => [task.id, []]));
+  for (const [from, to] of edges) { into.get(to).push(from); out.get(from).push(to); }
+  const layer = new Map();
+  const depth = (id) => {
+    if (!layer.has(id)) layer.set(id, Math.max(-1, ...into.get(id).map(depth)) + 1);
+    return layer.get(id);
+  };
+  const layers = [];
+  for (const task of nodes) (layers[depth(task.id)] = layers[depth(task.id)] || []).push(task.id);
+  const spot = new Map();         // a task's place across its layer, centred on 0
+  const place = (ids) => ids.forEach((id, i) => spot.set(id, i - (ids.length - 1) / 2));
+  const mean = (ids, fallback) => ids.length
+    ? ids.reduce((sum, id) => sum + spot.get(id), 0) / ids.length : fallback;
+  layers.forEach(place);
+  const down = [layers, into], up = [layers.slice().reverse(), out];
+  for (const [order, near] of [down, up, down, up, down])
+    for (const ids of order) {
+      ids.sort((a, b) => mean(near.get(a), spot.get(a)) - mean(near.get(b), spot.get(b)) ||
+                         a - b);
+      place(ids);
+    }
+  const inner = room - 2 * PLAN.pad;
+  const fits = Math.max(2, Math.floor((inner + PLAN.apart) / (PLAN.width + PLAN.apart)));
+  const across = Math.min(fits, Math.max(1, ...layers.map((ids) => ids.length)));
+  const box = Math.max(PLAN.least, Math.min(PLAN.width,
+                                            Math.floor((inner + PLAN.apart) / across) - PLAN.apart));
+  const at = new Map();
+  let y = PLAN.pad;
+  for (const ids of layers) {
+    for (let first = 0; first < ids.length; first += across) {
+      const line = ids.slice(first, first + across), indent = (across - line.length) / 2;
+      line.forEach((id, i) => at.set(id, {x: PLAN.pad + (indent + i) * (box + PLAN.apart), y}));
+      y += PLAN.height + PLAN.down;
+    }
+    y += PLAN.between - PLAN.down;
+  }
+  return {at, box, width: 2 * PLAN.pad + across * (box + PLAN.apart) - PLAN.apart,
+          height: y - PLAN.between + PLAN.pad};
+}
+
+function fit(text, width) {
+  // Cut an SVG text already on the page to WIDTH pixels, an ellipsis marking the cut.
+  if (text.getComputedTextLength() <= width) return;
+  const full = text.textContent, room = width - 12;
+  let low = 0, high = full.length;
+  while (low < high) {
+    const mid = Math.ceil((low + high) / 2);
+    if (text.getSubStringLength(0, mid) <= room) low = mid; else high = mid - 1;
+  }
+  text.textContent = full.slice(0, low).trimEnd() + "…";
+}
+
+function drawPlan(unfinished, known) {
+  // A box per unfinished task and per blocker that will never be done (failed or
+  // cancelled: where the plan is stuck); an arrow from each blocker to what waits for it.
+  const nodes = unfinished.slice();
+  const drawn = new Set(nodes.map((task) => task.id));
+  const edges = [];
+  for (const task of unfinished)
+    for (const id of task.waiting_for) {
+      if (!known.has(id)) continue;
+      if (!drawn.has(id)) { drawn.add(id); nodes.push(known.get(id)); }
+      edges.push([id, task.id]);
+    }
+  const {at, box, width, height} = layOut(nodes, edges, $("#plan-wrap").clientWidth || 900);
+  const plan = $("#plan");
+  plan.setAttribute("width", nodes.length ? width : 0);
+  plan.setAttribute("height", nodes.length ? height : 0);
+  plan.setAttribute("viewBox", "0 0 " + width + " " + height);
+  const arrowHead = svg("marker", {id: "plan-arrow", viewBox: "0 0 10 10", refX: 10, refY: 5,
+                                   markerWidth: 7, markerHeight: 7, orient: "auto"},
+                        svg("path", {d: "M0,0 L10,5 L0,10 z"}));
+  const arrows = edges.map(([from, to]) => {
+    const a = at.get(from), b = at.get(to), bend = PLAN.between / 2;
+    const x1 = a.x + box / 2, y1 = a.y + PLAN.height, x2 = b.x + box / 2, y2 = b.y;
+    return svg("path", {className: "arrow", "data-from": from, "data-to": to,
+                        "marker-end": "url(#plan-arrow)",
+                        d: `M${x1},${y1} C${x1},${y1 + bend} ${x2},${y2 - bend} ${x2},${y2}`});
+  });
+  const boxes = nodes.map((task) => {
+    const {x, y} = at.get(task.id), state = planState(task);
+    const below = {ready: "ready",
+                   waiting: "waits for " + task.waiting_for.map((id) => "#" + id).join(", "),
+                   claimed: task.owner + " · " + left(task.lease_until) + " left",
+                   failed: "failed" + (task.owner ? " by " + task.owner : "")}[state] || state;
+    const choose = () => { picked = task.id; drawPlan(unfinished, known); };
+    return svg("g", {className: "node " + state + (task.id === picked ? " picked" : ""),
+                     "data-id": task.id, tabindex: 0, role: "button",
+                     "aria-label": "#" + task.id + " " + task.title + ", " + below,
+                     onclick: choose,
+                     onkeydown: (event) => { if (event.key === "Enter") choose(); }},
+      svg("title", {}, "#" + task.id + " " + task.title),
+      svg("rect", {x, y, width: box, height: PLAN.height, rx: 6}),
+      svg("text", {x: x + 8, y: y + 20}, clipped("#" + task.id + " " + task.title, 60)),
+      svg("text", {x: x + 8, y: y + 38, className: "sub"}, clipped(below, 60)));
+  });
+  plan.replaceChildren(svg("defs", {}, arrowHead), ...arrows, ...boxes);
+  for (const text of plan.querySelectorAll("text")) fit(text, box - 16);
+  $("#plan-empty").hidden = nodes.length > 0;
+  const card = picked !== null && known.get(picked);
+  $("#plan-card").replaceChildren(...(card ? [taskCard(card)] : []));
+}
+
 async function loadTasks() {
-  const {tasks} = await api("tasks", {which: "all", limit: 200});
+  const [{tasks: recent}, {tasks: unfinished}] = await Promise.all([
+    api("tasks", {which: "all", limit: 200}), api("tasks", {which: "unfinished", limit: 200})]);
+  const known = new Map(recent.concat(unfinished).map((task) => [task.id, task]));
+  const missing = [...new Set(unfinished.flatMap((task) => task.waiting_for))]
+    .filter((id) => !known.has(id)).slice(0, 50);
+  for (const {task} of await Promise.all(missing.map((id) => api("task", {id}))))
+    known.set(task.id, task);
+  drawPlan(unfinished, known);
+  $("#plan-more").hidden = unfinished.length < 200;
+  const tasks = [...known.values()].sort((a, b) => b.id - a.id);
   const columns = [["open", "Open"], ["waiting", "Waiting"], ["claimed", "Claimed"],
                    ["done", "Done"], ["failed", "Failed"]];
   const column = (t) => t.status === "open" && t.waiting_for.length ? "waiting"
@@ -6030,7 +6229,7 @@ async function loadTasks() {
   const {reservations} = await api("reservations", {project});
   fill("#reservations", reservations.length ? reservations.map((r) => el("li", {},
     el("code", {}, r.path), " " + r.agent + (r.exclusive ? " (exclusive" : " (shared") + ", " +
-    age(2 * Date.now() / 1000 - r.expires) + " left)" + (r.reason ? ": " + r.reason : "")))
+    left(r.expires) + " left)" + (r.reason ? ": " + r.reason : "")))
     : [el("li", {className: "meta"}, "no paths reserved" + (project ? " in " + project : ""))]);
 }
 
@@ -6064,12 +6263,33 @@ async function openNote(project, key, version, quiet) {
   $("#note-text").value = shown.body;
 }
 
-async function loadAgents() {
+function teamRow(agent) {
+  const idle = Date.now() / 1000 - agent.seen >= IDLE;
+  const held = agent.held.map((task) => el("li", {"data-task": task.id},
+    el("button", {type: "button", className: "link",
+                  onclick: () => { picked = task.id; show("tasks"); }}, "#" + task.id),
+    " " + task.title + " · " + left(task.lease_until) + " left"));
+  const reserved = agent.reserved.map((r) => el("li", {}, el("code", {}, r.path),
+    (r.project ? " in " + r.project : "") + " · " + (r.exclusive ? "exclusive" : "shared") +
+    " · " + left(r.expires) + " left" + (r.reason ? " — " + r.reason : "")));
+  const list = (title, items, none) => el("div", {},
+    el("div", {className: "meta"}, title),
+    items.length ? el("ul", {}, ...items) : el("div", {className: "meta"}, none));
+  return el("li", {className: "card member" + (idle ? " idle" : ""), "data-agent": agent.id},
+    el("div", {},
+       el("div", {}, el("b", {}, agent.id), el("span", {className: "meta"},
+          " · " + (idle ? "idle, " : "") + "seen " + age(agent.seen) + " ago"),
+          "unread" in agent ? (agent.unread ? el("span", {className: "badge"},
+                                                  agent.unread + " unread")
+                               : el("span", {className: "meta"}, " · nothing unread")) : null),
+       el("div", {className: agent.status ? "text" : "meta"}, agent.status || "no status"),
+       agent.about ? el("div", {className: "meta"}, agent.about) : null),
+    list("holds", held, "no task"), list("reserves", reserved, "no paths"));
+}
+
+async function loadTeam() {
   const {agents} = await api("agents", {limit: 200});
-  $("#agent-list").replaceChildren(...agents.map((a) => el("li", {className: "card"},
-    el("b", {}, a.id), " · seen " + age(a.seen) + " ago",
-    a.status ? el("div", {className: "text"}, a.status) : null,
-    a.about ? el("div", {className: "meta"}, a.about) : null)));
+  $("#team").replaceChildren(...agents.map(teamRow));
 }
 
 function wire() {
@@ -6122,7 +6342,12 @@ function wire() {
           note = {project: saved.project, key: saved.key, version: saved.version}; loadNotes(); }
     catch (error) { say(error.message); }
   });
-  setInterval(() => { if (token && (tab === "tasks" || tab === "agents")) refresh(); }, 5000);
+  setInterval(() => { if (token && (tab === "tasks" || tab === "team")) refresh(); }, 5000);
+  let resized = null;     // the plan wraps to the page's width: draw it again when that changes
+  window.addEventListener("resize", () => {
+    clearTimeout(resized);
+    resized = setTimeout(() => { if (token && tab === "tasks") refresh(); }, 250);
+  });
   if (token) signIn(token);
 }
 
@@ -6149,7 +6374,7 @@ WEB_BODY = """
     <button type="button" data-tab="direct">Direct</button>
     <button type="button" data-tab="tasks">Tasks</button>
     <button type="button" data-tab="notes">Notes</button>
-    <button type="button" data-tab="agents">Who is here</button>
+    <button type="button" data-tab="team">Team</button>
   </nav>
   <main>
     <section id="tab-channels">
@@ -6169,6 +6394,17 @@ WEB_BODY = """
           <button class="primary">Send</button></form></div>
     </section>
     <section id="tab-tasks" hidden>
+      <p id="holding" class="meta"></p>
+      <div class="card plan"><h3>Plan</h3>
+        <p class="legend meta"><span class="key ready">ready</span>
+          <span class="key waiting">waiting</span><span class="key claimed">claimed</span>
+          <span class="key failed">failed or cancelled</span><span>arrows run from a task to
+          what waits for it</span></p>
+        <div id="plan-wrap"><svg id="plan" role="img" aria-label="the plan"></svg></div>
+        <p id="plan-empty" class="meta" hidden>Nothing unfinished: the plan is empty.</p>
+        <p id="plan-more" class="meta" hidden>Showing the oldest 200 unfinished tasks.</p>
+        <div id="plan-card"></div></div>
+      <div class="tasks-row">
       <form id="task-form" class="card"><b>New task</b>
         <input id="task-title" required maxlength="200" placeholder="Title" aria-label="title">
         <textarea id="task-body" placeholder="What needs doing" aria-label="body"></textarea>
@@ -6176,10 +6412,11 @@ WEB_BODY = """
         <input id="task-priority" type="number" min="-1000" max="1000"
                placeholder="priority (0)" aria-label="priority">
         <button class="primary">Post task</button></form>
-      <div class="pane"><p id="holding" class="meta"></p><div id="board" class="board"></div>
-        <div class="card"><ul id="reservations"></ul>
-          <input id="reservation-project" placeholder="reservations of project (empty: global)"
-                 aria-label="reservations of project"></div></div>
+      <div class="pane"><div id="board" class="board"></div>
+        <div class="card reservations"><h3>Reservations</h3>
+          <input id="reservation-project" placeholder="project (empty: global)"
+                 aria-label="reservations of project"><ul id="reservations"></ul></div></div>
+      </div>
     </section>
     <section id="tab-notes" hidden>
       <aside id="note-list" class="card"></aside>
@@ -6191,7 +6428,7 @@ WEB_BODY = """
         <textarea id="note-text" rows="6" aria-label="note text"></textarea>
         <button class="primary">Save</button></form>
     </section>
-    <section id="tab-agents" hidden><ul id="agent-list"></ul></section>
+    <section id="tab-team" hidden><ul id="team"></ul></section>
   </main>
   <p id="status" class="card" role="status"></p>
 </div>

@@ -233,6 +233,40 @@ class AgentsTest(StoreCase):
         self.assertEqual(len(self.ok("agents", limit=1)["agents"]), 1)
         self.assertIn("alice seen 0s", self.call("agents", now=T0 + 100).text)
 
+    def test_agents_show_what_each_holds_and_reserves_and_only_my_unread(self):
+        task = self.ok("post_task", title="design")["id"]
+        self.ok("claim", who="bob", id=task, lease=60)
+        self.ok("reserve", who="bob", paths="src/**", reason="<b>parser</b>", lease=120)
+        self.ok("reserve", who="bob", paths="docs/*", project="web", exclusive=False, lease=120)
+        self.ok("post", who="bob", to="alice", body="psst")
+        agents = {a["id"]: a for a in self.ok("agents", now=T0 + 1)["agents"]}
+        bob = agents["bob"]
+        self.assertEqual(bob["held"], [{"id": task, "title": "design", "lease_until": T0 + 60}])
+        self.assertEqual([(r["project"], r["path"], r["exclusive"], r["reason"])
+                          for r in bob["reserved"]],
+                         [("", "src/**", True, "<b>parser</b>"), ("web", "docs/*", False, "")])
+        self.assertNotIn("unread", bob)                     # another's mail is not counted
+        self.assertEqual(agents["alice"]["unread"], 2)      # psst, and that bob claimed #1
+        self.assertEqual((agents["alice"]["held"], agents["alice"]["reserved"]), ([], []))
+        text = self.call("agents", now=T0 + 1).text
+        self.assertIn('bob seen 1s · holding #1 "design" (59s left) · reserved src/**, '
+                      'docs/* in web', text)
+        self.assertIn("alice seen 1s · 2 unread", text)
+        later = {a["id"]: a for a in self.ok("agents", now=T0 + 61)["agents"]}["bob"]
+        self.assertEqual((later["held"], len(later["reserved"])), ([], 2))   # the lease ran out
+        gone = {a["id"]: a for a in self.ok("agents", now=T0 + 121)["agents"]}["bob"]
+        self.assertEqual(gone["reserved"], [])
+
+    def test_agents_show_a_bounded_part_of_what_one_holds(self):
+        for i in range(agora.AGENT_ITEMS + 2):
+            self.ok("claim", who="bob", id=self.ok("post_task", title=f"t{i}")["id"],
+                    lease=100 + i)
+        self.ok("reserve", who="bob", paths=[f"dir{i}/**" for i in range(agora.AGENT_ITEMS + 2)])
+        bob = {a["id"]: a for a in self.ok("agents")["agents"]}["bob"]
+        self.assertEqual([t["title"] for t in bob["held"]],
+                         [f"t{i}" for i in range(agora.AGENT_ITEMS)])    # soonest lease first
+        self.assertEqual(len(bob["reserved"]), agora.AGENT_ITEMS)
+
 
 class ChannelOpsTest(StoreCase):
 
@@ -647,6 +681,8 @@ class TaskTest(StoreCase):
         self.ok("done", who="bob", id=low, result="ok")
         self.assertEqual(ids(which="done"), [low])
         self.assertEqual(ids(which="all"), [mid, high, low])
+        self.ok("claim", id=mid)
+        self.assertEqual(ids(which="unfinished"), [high, mid])   # the plan, oldest first
         task = self.ok("task", id=high)["task"]
         self.assertEqual(task["tags"], ["bug", "ui"])
         self.assertEqual(set(task), {"id", "title", "body", "tags", "poster", "status", "owner",

@@ -3,14 +3,18 @@
 Drives Debian's Chromium with Playwright (from the interop virtual environment):
 a bad token, signing in, posting, another agent's post arriving without a
 reload (a hostile one, which must show as text and never run), a reply, direct
-mail, claiming a task, notes and who is here; screenshots at laptop and phone
-sizes land in .interop/. Loopback only; ends with 'N passed, N failed'.
+mail, claiming a task, notes, the team (who holds and reserves what) and the
+plan (a graph of the unfinished tasks); screenshots of the page, the team and the
+plan at laptop and phone sizes land in .interop/. Loopback only; ends with
+'N passed, N failed'.
 """
 
 import os
 import shutil
+import sqlite3
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import ROOT, check, mint_token, rest, start_server, stop_server, summary  # noqa
@@ -18,6 +22,29 @@ from harness import ROOT, check, mint_token, rest, start_server, stop_server, su
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = os.path.join(ROOT, ".interop")
 HOSTILE = "<script>window.pwned=1</script><img src=x onerror=\"window.pwned=2\"> bot says hi"
+FITS = ("document.documentElement.scrollWidth <= window.innerWidth && "
+        "document.querySelector('#plan-wrap').scrollWidth <= "
+        "document.querySelector('#plan-wrap').clientWidth")
+HOSTILE_TITLE = "<script>window.pwned=3</script>hostile title"
+HOSTILE_REASON = "<img src=x onerror=\"window.pwned=4\">hostile reason"
+
+# A plan as people write them: a design, parts built side by side, their tests, then
+# what joins them up; each entry is (title, the titles it waits for).
+PLAN = [("design the release", []),
+        ("write the api", ["design the release"]), ("write the store", ["design the release"]),
+        ("write the page", ["design the release"]), ("write the cli", ["design the release"]),
+        ("test the api", ["write the api"]), ("test the store", ["write the store"]),
+        ("test the page", ["write the page"]), ("test the cli", ["write the cli"]),
+        ("migrate old files", ["write the store"]), ("profile the store", ["test the store"]),
+        ("browser check", ["test the page"]), ("docs for the api", ["write the api"]),
+        ("docs for the cli", ["write the cli"]), ("security review", ["test the api",
+                                                                      "test the page"]),
+        ("integrate", ["test the api", "test the store", "test the page", "test the cli"]),
+        ("load test", ["integrate", "profile the store"]), ("release notes", ["integrate"]),
+        ("package it", ["integrate"]), ("sign the packages", ["package it"]),
+        ("stage it", ["package it", "migrate old files"]), ("smoke test staging", ["stage it"]),
+        ("deploy", ["smoke test staging", "security review", "load test"]),
+        ("announce", ["deploy", "release notes"]), ("watch the graphs", ["deploy"])]
 
 
 def act(url, op, args, token):
@@ -27,7 +54,15 @@ def act(url, op, args, token):
     return body
 
 
-def session(page, url, you, bot, problems):
+def until(page, expression, seconds=15):
+    """Wait until EXPRESSION is true in the page (polled from here: the page's policy
+    forbids the eval that Playwright's own wait_for_function uses)."""
+    deadline = time.monotonic() + seconds
+    while not page.evaluate(expression) and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+
+
+def session(page, url, db, you, bot, problems):
     """Walk through the page as a person would, checking each step."""
     page.goto(url + "/")
     page.fill("#token", "agora_not_a_real_token")
@@ -111,17 +146,122 @@ def session(page, url, you, bot, problems):
     page.wait_for_selector("#note-body:has-text('first words')")
     check("notes show with their revisions", True)
 
-    act(url, "brief", {"status": "reviewing the parser"}, bot)
-    page.click("nav button[data-tab=agents]")
-    page.wait_for_selector("#agent-list li:has-text('reviewing the parser')")
-    check("who is here, with status and last seen",
-          "seen" in page.inner_text("#agent-list li:has-text('bot')"))
+    team(page, url, db, bot)
+    plan(page, url, bot)
 
     page.click("nav button[data-tab=channels]")
     act(url, "post", {"body": "a very long line " + "x" * 600}, bot)
     page.wait_for_selector("#channel-messages li:has-text('a very long line')")
     overflow = page.evaluate("document.documentElement.scrollWidth > window.innerWidth")
     check("a long message does not break the layout", not overflow)
+
+
+def team(page, url, db, bot):
+    """The Team tab: a row per agent with what it holds and reserves."""
+    mint_token(db, "sleepy")
+    with sqlite3.connect(db) as connection:       # as if sleepy had last called 15 minutes ago
+        connection.execute("UPDATE agents SET seen = seen - 900 WHERE name = 'sleepy'")
+    design = act(url, "post_task", {"title": "design the release"}, bot)["id"]
+    act(url, "claim", {"id": design, "lease": 1800}, bot)
+    act(url, "reserve", {"paths": "web/**", "project": "site", "exclusive": False,
+                         "reason": HOSTILE_REASON}, bot)
+    act(url, "brief", {"status": "reviewing the parser"}, bot)
+    page.click("nav button[data-tab=team]")
+    row = page.wait_for_selector("#team li[data-agent=bot]:has-text('reviewing the parser')")
+    text = row.inner_text()
+    check("the team row says status and last seen", "seen" in text and "idle" not in text, text)
+    check("the team row shows the task the agent holds, with its lease",
+          f"#{design} design the release" in text and "left" in text, text)
+    check("the team row shows its reservations: pattern, kind, time left, why",
+          "src/parser/**" in text and "exclusive" in text and "web/** in site · shared" in text
+          and "hostile reason" in text, text)
+    check("a reservation's reason with markup is shown as text",
+          "<img src=x" in text and page.evaluate("window.pwned") is None)
+    mine = page.inner_text("#team li[data-agent=you]")
+    check("the viewer sees its own unread count and nobody else's",
+          "unread" in mine and "unread" not in text, mine)
+    sleepy = page.query_selector("#team li[data-agent=sleepy]")
+    check("an agent not seen for 10 minutes looks idle", "idle" in sleepy.get_attribute("class")
+          and "idle, seen 15m ago" in sleepy.inner_text(), sleepy.inner_text())
+    page.screenshot(path=os.path.join(SHOTS, "e2e-team-laptop.png"))
+    return design
+
+
+def plan(page, url, bot):
+    """The Plan on the board: a box per unfinished task, an arrow per dependency."""
+    ids = {"design the release": act(url, "tasks", {"which": "mine"}, bot)["tasks"][0]["id"]}
+    for title, after in PLAN[1:]:
+        ids[title] = act(url, "post_task", {"title": title,
+                                             "after": [ids[a] for a in after]}, bot)["id"]
+    spike = act(url, "post_task", {"title": "spike the cache"}, bot)["id"]
+    act(url, "claim", {"id": spike}, bot)
+    act(url, "done", {"id": spike, "result": "too slow", "failed": True}, bot)
+    act(url, "post_task", {"title": HOSTILE_TITLE, "after": [spike, ids["write the api"]]}, bot)
+    page.click("nav button[data-tab=tasks]")
+
+    def expected():
+        unfinished = act(url, "tasks", {"which": "unfinished", "limit": 200}, bot)["tasks"]
+        stuck = {b for t in unfinished for b in t["waiting_for"]} - {t["id"] for t in unfinished}
+        return (len(unfinished) + len(stuck), sum(len(t["waiting_for"]) for t in unfinished),
+                len(unfinished))
+
+    def drawn():
+        return page.evaluate("[document.querySelectorAll('#plan g.node').length, "
+                             "document.querySelectorAll('#plan path.arrow').length, "
+                             "document.querySelectorAll('#board .column:is([data-state=open], "
+                             "[data-state=waiting], [data-state=claimed]) .task').length]")
+
+    boxes, arrows, unfinished = expected()
+    until(page, f"document.querySelectorAll('#plan g.node').length === {boxes}")
+    check("the plan draws a box per unfinished task (and per failed blocker) and an arrow "
+          "per dependency, as the board has them", drawn() == [boxes, arrows, unfinished]
+          and boxes >= 30, (drawn(), boxes, arrows, unfinished))
+    states = page.evaluate("Object.fromEntries([...document.querySelectorAll('#plan g.node')]"
+                           ".map((g) => [g.dataset.id, g.getAttribute('class')]))")
+    check("boxes are coloured by state: claimed, ready, waiting, failed",
+          states[str(ids["design the release"])] == "node claimed"
+          and states[str(ids["write the api"])] == "node waiting"
+          and states[str(spike)] == "node failed"
+          and "node ready" in states.values(), states)
+    layers = page.evaluate("Object.fromEntries([...document.querySelectorAll('#plan g.node')]"
+                           ".map((g) => [g.dataset.id, +g.querySelector('rect')"
+                           ".getAttribute('y')]))")
+    check("layers run from what is ready to what waits longest",
+          layers[str(ids["design the release"])] < layers[str(ids["write the api"])]
+          < layers[str(ids["test the api"])] < layers[str(ids["integrate"])]
+          < layers[str(ids["deploy"])] < layers[str(ids["announce"])], layers)
+    crowded = page.evaluate("""(() => {
+        const rects = [...document.querySelectorAll('#plan rect')].map((r) => r.getBBox());
+        const overlaps = rects.filter((a, i) => rects.some((b, j) => i !== j &&
+          a.x + a.width > b.x && b.x + b.width > a.x &&
+          a.y + a.height > b.y && b.y + b.height > a.y)).length;
+        const spilling = [...document.querySelectorAll('#plan g.node text')].filter((t) => {
+          const box = t.parentNode.querySelector('rect').getBBox(), line = t.getBBox();
+          return line.x + line.width > box.x + box.width - 4; }).map((t) => t.textContent);
+        return [overlaps, spilling]; })()""")
+    check("no two boxes overlap and every line of text fits its box", crowded == [0, []],
+          crowded)
+    hostile = page.evaluate("[...document.querySelectorAll('#plan g.node')].map((g) => "
+                            "g.textContent).find((text) => text.includes('hostile title'))")
+    check("a task title with <script> is text in the plan and never runs",
+          "<script>" in hostile and page.evaluate("window.pwned") is None, hostile)
+    check("thirty tasks fit a laptop's width", page.evaluate(FITS))
+    page.screenshot(path=os.path.join(SHOTS, "e2e-plan-laptop.png"))
+
+    page.click(f"#plan g.node[data-id='{ids['write the store']}']")
+    card = page.wait_for_selector(f"#plan-card .task[data-id='{ids['write the store']}']")
+    check("clicking a box shows its task", "waits for #" in card.inner_text(), card.inner_text())
+
+    act(url, "done", {"id": ids["design the release"], "result": "agreed"}, bot)
+    page.wait_for_selector(f"#plan g.node.ready[data-id='{ids['write the store']}']",
+                           timeout=15000)
+    boxes, arrows, unfinished = expected()
+    until(page, f"document.querySelectorAll('#plan path.arrow').length === {arrows}")
+    card = page.query_selector("#plan-card .task")
+    check("the plan updates when a blocker is done", drawn() == [boxes, arrows, unfinished]
+          and page.query_selector(f"#plan g.node[data-id='{ids['design the release']}']") is None
+          and "waits for" not in card.inner_text()
+          and card.query_selector("button:has-text('Claim')") is not None, (drawn(), boxes, arrows))
 
 
 def main():
@@ -142,19 +282,29 @@ def main():
             page.on("pageerror", lambda error: problems.append(str(error)))
             page.on("console", lambda message: problems.append(message.text)
                     if message.type == "error" else None)
-            session(page, url, you, bot, problems)
+            session(page, url, db, you, bot, problems)
             page.screenshot(path=os.path.join(SHOTS, "e2e-laptop.png"))
             phone = browser.new_page(viewport={"width": 390, "height": 800})
+            phone.on("pageerror", lambda error: problems.append(str(error)))
             phone.goto(url + "/")
             phone.fill("#token", you)
             phone.click("#signin-form button")
             phone.wait_for_selector("#channel-messages li:has-text('a very long line')")
-            check("readable on a phone: nothing wider than the screen", not phone.evaluate(
-                "document.documentElement.scrollWidth > window.innerWidth"))
+            wider = "document.documentElement.scrollWidth > window.innerWidth"
+            check("readable on a phone: nothing wider than the screen",
+                  not phone.evaluate(wider))
             check("every tab fits a phone's width", phone.evaluate(
                 "[...document.querySelectorAll('nav button')].every((b) => "
                 "b.getBoundingClientRect().right <= window.innerWidth)"))
             phone.screenshot(path=os.path.join(SHOTS, "e2e-phone.png"))
+            phone.click("nav button[data-tab=team]")
+            phone.wait_for_selector("#team li[data-agent=bot]")
+            check("the team fits a phone", not phone.evaluate(wider))
+            phone.screenshot(path=os.path.join(SHOTS, "e2e-team-phone.png"))
+            phone.click("nav button[data-tab=tasks]")
+            phone.wait_for_selector("#plan g.node")
+            check("on a phone the plan wraps to the screen's width", phone.evaluate(FITS))
+            phone.screenshot(path=os.path.join(SHOTS, "e2e-plan-phone.png"))
             page.click("#signout")
             check("signing out forgets the token", page.is_visible("#signin") and
                   page.evaluate("sessionStorage.getItem('agora-token')") is None)
