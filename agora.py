@@ -561,7 +561,13 @@ class GroupCommit:
 
     @staticmethod
     def _savepoint(batch):
-        """Run one block in a savepoint: the one place a block's writes are undone."""
+        """Run one block in a savepoint: the one place a block's writes are undone. Once
+        SQLite has undone the whole transaction itself (a full disk, an I/O error), no
+        block joins it: one begun now would stand alone and commit on its release."""
+        if batch.error is None and not batch.con.in_transaction:
+            batch.error = sqlite3.OperationalError("SQLite rolled the transaction back")
+        if batch.error is not None:
+            raise StoreError(f"the write was not saved: {batch.error}")
         batch.blocks += 1
         batch.con.execute("SAVEPOINT block")
         try:
@@ -975,12 +981,15 @@ class Result:
         return self._text
 
 
-class Operation(namedtuple("Operation", "name summary schema readonly open hidden handler")):
+class Operation(namedtuple("Operation",
+                           "name summary schema readonly open hidden prepares handler")):
     """One catalog entry: every face (REST, MCP, CLI, A2A) is derived from these.
 
     A HIDDEN operation is one a face is built on rather than one it offers: call()
     serves it like any other (identity, validation, touch, refusals), but no face
-    lists it (public_operations)."""
+    lists it (public_operations). One that PREPARES works out at length, before its
+    write block, what it will write (reserve's overlap checks): it runs on its caller's
+    thread, so that work never holds up a server's writer."""
 
     __slots__ = ()
 
@@ -1004,7 +1013,7 @@ CATALOG = {}
 
 
 def operation(name, summary, properties=None, required=(), readonly=False, open=False,
-              hidden=False):
+              hidden=False, prepares=False):
     """Register the decorated handler as operation NAME in the catalog."""
     schema = {"type": "object", "properties": properties or {},
               "additionalProperties": False}
@@ -1012,7 +1021,8 @@ def operation(name, summary, properties=None, required=(), readonly=False, open=
         schema["required"] = list(required)
 
     def register(handler):
-        CATALOG[name] = Operation(name, summary, schema, readonly, open, hidden, handler)
+        CATALOG[name] = Operation(name, summary, schema, readonly, open, hidden, prepares,
+                                  handler)
         return handler
     return register
 
@@ -2878,7 +2888,7 @@ PATTERNS = {"type": "array", "items": _string(1, 300), "maxItems": MAX_PATTERNS,
             "lease": _integer(1, 86400, "seconds", default=3600),
             "exclusive": {"type": "boolean", "default": True},
             "reason": _string(0, 200, "why, for the others")},
-           required=["paths"])
+           required=["paths"], prepares=True)
 def op_reserve(store, caller, args, now):
     """Grant every pattern, or none when another agent's live reservation overlaps one.
 
@@ -3161,8 +3171,9 @@ def call(store, name, args=None, caller=OPERATOR, now=None):
         op = CATALOG.get(name)
         if op is None:
             raise NotFound(f"no operation {name!r:.60}", hint="ops lists them")
-        if store.writer is not None and store.writer.takes(op, args):
-            return store.writer.run(name, args, caller, now)
+        writer = store.writer                   # read once: shutdown may clear it
+        if writer is not None and writer.takes(op, args):
+            return writer.run(name, args, caller, now)
         check_identity(store, op, caller, now)
         args = validate(op, {} if args is None else args)
         if caller.name is not None:
@@ -3200,8 +3211,9 @@ class Writer:
     (a bug in it is its 500, and the thread goes on); a commit that fails fails every
     request of the turn; and SQLite's work stays in one thread instead of handing the
     GIL around among handler threads at every statement. It takes only what cannot
-    wait (takes): a long-poll would hold up every writer behind it, and a block already
-    in a transaction of its own thread must finish there.
+    wait (takes): a long-poll, or an operation that prepares at length, would hold up
+    every writer behind it, and a block already in a transaction of its own thread must
+    finish there.
     """
 
     def __init__(self, store):
@@ -3213,7 +3225,8 @@ class Writer:
 
     def takes(self, op, args):
         """Answer whether the writer thread should run OP with ARGS for the caller."""
-        return (not op.readonly and threading.current_thread() is not self.thread
+        return (not op.readonly and not op.prepares
+                and threading.current_thread() is not self.thread
                 and self.store.writes.connection() is None
                 and not (isinstance(args, dict) and args.get("wait") not in (None, 0, "0")))
 
@@ -3250,6 +3263,11 @@ class Writer:
             except AgoraError as error:         # the commit failed: none of it stands
                 for request in turn:
                     request.outcome = error
+            except sqlite3.Error as error:      # the turn could not begin (a locked file)
+                problem = file_problem(self.store, error) or StoreError(
+                    f"the write was not saved: {error}")
+                for request in turn:
+                    request.outcome = problem
             except Exception:                   # a bug of the writer's own: said, and on
                 import traceback
                 traceback.print_exc(file=sys.stderr)
@@ -4032,15 +4050,16 @@ def rest_face(server, request):
         if not isinstance(args, dict):
             raise HTTPFailure(400, "the body must be a JSON object of arguments")
     try:
-        result = call(server.store, name, args, request.caller)
-        status, body, text = 200, result.body, result.text
+        answer = call(server.store, name, args, request.caller)
+        status = 200
     except AgoraError as error:
-        status, body, text = error.status, error.body, error.text
+        answer, status = error, error.status
     headers = _challenge(status)
-    if _wants_text(request.headers):
+    if _wants_text(request.headers):        # only then is the text made
         headers.append(("Content-Type", "text/plain; charset=utf-8"))
-        return HttpAnswer(status, (text + "\n").encode("utf-8", "replace"), headers, name)
-    return HttpAnswer(status, json_bytes(body), headers, name)
+        return HttpAnswer(status, (answer.text + "\n").encode("utf-8", "replace"), headers,
+                          name)
+    return HttpAnswer(status, json_bytes(answer.body), headers, name)
 
 
 def mcp_face(server, request):
@@ -4116,6 +4135,9 @@ def find_route(path):
         return Route(rest_face, "rest", op.methods, op)
     raise HTTPFailure(404, f"not found: {path[:200]} (agora serves /, /api, /mcp and /a2a)",
                       json=False)
+
+
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")     # a token, no space before ':'
 
 
 class Headers:
@@ -4211,12 +4233,18 @@ class RequestHandler:
                 break
             size += len(line)
             text = line.decode("iso-8859-1").rstrip("\r\n")
+            name, colon, value = text.partition(":")
             if text[:1] in (" ", "\t") and fields:       # a folded line goes on the last
                 fields[-1] = (fields[-1][0], f"{fields[-1][1]} {text.strip()}")
-            else:
-                name, _, value = text.partition(":")
-                fields.append((name.strip(), value.strip()))
+            elif colon and HEADER_NAME.fullmatch(name):
+                fields.append((name, value.strip()))
+            else:       # read otherwise by a proxy in front, it would put us out of step
+                self.send_error(400, f"Bad header line ({text[:60]!r})")
+                return False
         self.headers = Headers(fields)
+        if len(set(self.headers.get_all("Content-Length", []))) > 1:
+            self.send_error(400, "Content-Length is given twice, differently")
+            return False
         connection = self.headers.get("Connection", "").lower()
         if connection in ("close", "keep-alive"):
             self.close_connection = connection == "close"
@@ -4255,6 +4283,11 @@ class RequestHandler:
             else:
                 payload = (failure.message + "\n").encode("utf-8", "replace")
                 headers.append(("Content-Type", "text/plain; charset=utf-8"))
+        except Exception:               # a bug in a face: its 500, the traceback on stderr
+            import traceback
+            traceback.print_exc(file=sys.stderr)
+            status, headers = 500, []
+            payload = json_bytes({"error": "internal error; the server log has details"})
         self.send(status, payload, headers)
         if not self.server.quiet:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -5865,6 +5898,8 @@ const $ = (selector) => document.querySelector(selector);
 let token = sessionStorage.getItem("agora-token") || "";
 let me = "", tab = "channels", channel = "public", peer = null, note = null, replyTo = null;
 let picked = null;      // the task whose card the plan shows
+let taskLoads = 0;      // so that only the newest of overlapping loads draws
+const finishedTasks = new Map();    // blockers that will never change again
 let poll = null;
 const fresh = {};
 
@@ -6146,12 +6181,22 @@ function fit(text, width) {
     const mid = Math.ceil((low + high) / 2);
     if (text.getSubStringLength(0, mid) <= room) low = mid; else high = mid - 1;
   }
+  const code = full.charCodeAt(low - 1);
+  if (code >= 0xD800 && code <= 0xDBFF) low -= 1;     // never half a surrogate pair
   text.textContent = full.slice(0, low).trimEnd() + "…";
 }
 
+function pickTask(id, known) {
+  picked = known.has(id) ? id : null;
+  for (const node of document.querySelectorAll("#plan g.node"))
+    node.classList.toggle("picked", Number(node.dataset.id) === picked);
+  $("#plan-card").replaceChildren(...(picked === null ? [] : [taskCard(known.get(picked))]));
+}
+
 function drawPlan(unfinished, known) {
-  // A box per unfinished task and per blocker that will never be done (failed or
-  // cancelled: where the plan is stuck); an arrow from each blocker to what waits for it.
+  // A box per unfinished task and per task one waits for that is not among them (a
+  // failed or cancelled one: where the plan is stuck); an arrow from each blocker to
+  // what waits for it.
   const nodes = unfinished.slice();
   const drawn = new Set(nodes.map((task) => task.id));
   const edges = [];
@@ -6165,7 +6210,8 @@ function drawPlan(unfinished, known) {
   const plan = $("#plan");
   plan.setAttribute("width", nodes.length ? width : 0);
   plan.setAttribute("height", nodes.length ? height : 0);
-  plan.setAttribute("viewBox", "0 0 " + width + " " + height);
+  if (nodes.length) plan.setAttribute("viewBox", "0 0 " + width + " " + height);
+  else plan.removeAttribute("viewBox");
   const arrowHead = svg("marker", {id: "plan-arrow", viewBox: "0 0 10 10", refX: 10, refY: 5,
                                    markerWidth: 7, markerHeight: 7, orient: "auto"},
                         svg("path", {d: "M0,0 L10,5 L0,10 z"}));
@@ -6182,8 +6228,8 @@ function drawPlan(unfinished, known) {
                    waiting: "waits for " + task.waiting_for.map((id) => "#" + id).join(", "),
                    claimed: task.owner + " · " + left(task.lease_until) + " left",
                    failed: "failed" + (task.owner ? " by " + task.owner : "")}[state] || state;
-    const choose = () => { picked = task.id; drawPlan(unfinished, known); };
-    return svg("g", {className: "node " + state + (task.id === picked ? " picked" : ""),
+    const choose = () => pickTask(task.id, known);
+    return svg("g", {className: "node " + state,
                      "data-id": task.id, tabindex: 0, role: "button",
                      "aria-label": "#" + task.id + " " + task.title + ", " + below,
                      onclick: choose,
@@ -6193,21 +6239,34 @@ function drawPlan(unfinished, known) {
       svg("text", {x: x + 8, y: y + 20}, clipped("#" + task.id + " " + task.title, 60)),
       svg("text", {x: x + 8, y: y + 38, className: "sub"}, clipped(below, 60)));
   });
+  const focused = document.activeElement && document.activeElement.closest("#plan g.node");
   plan.replaceChildren(svg("defs", {}, arrowHead), ...arrows, ...boxes);
   for (const text of plan.querySelectorAll("text")) fit(text, box - 16);
+  if (focused) {         // a redraw keeps the keyboard where it was
+    const again = plan.querySelector(`g.node[data-id="${focused.dataset.id}"]`);
+    if (again) again.focus();
+  }
   $("#plan-empty").hidden = nodes.length > 0;
-  const card = picked !== null && known.get(picked);
-  $("#plan-card").replaceChildren(...(card ? [taskCard(card)] : []));
+  pickTask(picked, known);
 }
 
 async function loadTasks() {
+  const load = ++taskLoads;
   const [{tasks: recent}, {tasks: unfinished}] = await Promise.all([
     api("tasks", {which: "all", limit: 200}), api("tasks", {which: "unfinished", limit: 200})]);
   const known = new Map(recent.concat(unfinished).map((task) => [task.id, task]));
   const missing = [...new Set(unfinished.flatMap((task) => task.waiting_for))]
-    .filter((id) => !known.has(id)).slice(0, 50);
-  for (const {task} of await Promise.all(missing.map((id) => api("task", {id}))))
+    .filter((id) => !known.has(id));
+  for (const id of missing.filter((id) => finishedTasks.has(id)))
+    known.set(id, finishedTasks.get(id));
+  const asked = missing.filter((id) => !known.has(id)).slice(0, 50);
+  for (const got of await Promise.allSettled(asked.map((id) => api("task", {id})))) {
+    if (got.status !== "fulfilled") continue;     // drawn without it; the next load asks again
+    const task = got.value.task;
     known.set(task.id, task);
+    if (!["open", "claimed"].includes(task.status)) finishedTasks.set(task.id, task);
+  }
+  if (load !== taskLoads || tab !== "tasks") return;      // a newer load, or another tab
   drawPlan(unfinished, known);
   $("#plan-more").hidden = unfinished.length < 200;
   const tasks = [...known.values()].sort((a, b) => b.id - a.id);
@@ -6400,7 +6459,7 @@ WEB_BODY = """
           <span class="key waiting">waiting</span><span class="key claimed">claimed</span>
           <span class="key failed">failed or cancelled</span><span>arrows run from a task to
           what waits for it</span></p>
-        <div id="plan-wrap"><svg id="plan" role="img" aria-label="the plan"></svg></div>
+        <div id="plan-wrap"><svg id="plan" role="group" aria-label="the plan"></svg></div>
         <p id="plan-empty" class="meta" hidden>Nothing unfinished: the plan is empty.</p>
         <p id="plan-more" class="meta" hidden>Showing the oldest 200 unfinished tasks.</p>
         <div id="plan-card"></div></div>

@@ -1170,6 +1170,25 @@ class GroupCommitTest(StoreCase):
         after.join(10)
         self.assertFalse(after.is_alive(), "the write lock was never released")
 
+    def test_after_sqlite_undid_the_transaction_no_block_joins_it(self):
+        outcomes = []
+        with self.assertRaises(agora.StoreError):           # the turn fails as a whole
+            with self.store.writes.turn():                  # as the writer runs a turn
+                for name, undo in (("before", False), ("undone", True), ("after", False)):
+                    try:
+                        with self.store.transaction(write=True) as db:
+                            db.execute("INSERT INTO channels (name, created_by, created) "
+                                       "VALUES (?, 'x', 0)", (name,))
+                            if undo:
+                                db.execute("ROLLBACK")      # SQLite's own, as on a full disk
+                        outcomes.append((name, "ok"))
+                    except (agora.AgoraError, sqlite3.Error) as error:
+                        outcomes.append((name, type(error).__name__))
+        self.assertEqual(outcomes, [("before", "ok"), ("undone", "OperationalError"),
+                                    ("after", "StoreError")])
+        self.assertIsNone(self.store.query_one("SELECT 1 FROM channels WHERE name IN "
+                                               "('before', 'undone', 'after')"))
+
     def test_a_write_op_writes_its_callers_seen_in_its_own_commit(self):
         self.ok("brief", who="bob")
         before = CountingStore.write_transactions
@@ -1664,6 +1683,47 @@ class WriterTest(ServerCase):
         self.assertIsNone(self.store.query_one("SELECT 1 FROM channels WHERE name = 'half-done'"))
         self.assertTrue(self.store.writer.thread.is_alive())
 
+    def test_a_turn_that_cannot_begin_says_why(self):
+        token = self.join("alice")
+        original = self.store.writes._begin
+
+        def locked():
+            self.store.writes._begin = original
+            raise sqlite3.OperationalError("database is locked")
+        self.store.writes._begin = locked
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            status, _, body = self.request("POST", "/api/post", {"body": "x"}, token)
+        self.assertEqual(status, 500)
+        self.assertIn("stayed locked by another process", body["error"])
+        self.assertNotIn("Traceback", stderr.getvalue())
+        self.assertEqual(self.request("POST", "/api/post", {"body": "y"}, token)[0], 200)
+
+    def test_a_reserve_being_checked_holds_up_no_post(self):
+        token = self.join("alice")
+        checking, go_on = threading.Event(), threading.Event()
+        original = agora.reservation_conflicts
+
+        def slow_conflicts(*args, **kwargs):
+            checking.set()
+            go_on.wait(30)
+            return original(*args, **kwargs)
+        agora.reservation_conflicts = slow_conflicts
+        self.addCleanup(setattr, agora, "reservation_conflicts", original)
+        answers = []
+        reserving = threading.Thread(target=lambda: answers.append(self.request(
+            "POST", "/api/reserve", {"paths": "src/**"}, token)[0]))
+        reserving.start()
+        try:
+            self.assertTrue(checking.wait(10))
+            self.assertEqual(self.request("POST", "/api/post", {"body": "meanwhile"}, token)[0],
+                             200)
+            self.assertEqual(answers, [])                   # the reserve is still checking
+        finally:
+            go_on.set()
+            reserving.join(30)
+        self.assertEqual(answers, [200])
+
     def test_a_request_outwaited_by_its_client_is_still_done(self):
         token = self.join("alice")
         self.store.writes.lock.acquire()
@@ -1811,6 +1871,33 @@ class HostileHttpTest(ServerCase):
                 self.assertFalse(status.startswith(b"5"), f"{data[:70]!r} -> {answer[:100]!r}")
             self.assertEqual(self.request("GET", "/api")[0], 200)
         self.assertNotIn("Traceback", stderr.getvalue())
+
+    def test_header_lines_are_read_one_way_or_refused(self):
+        post = b"POST /api/post HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        for header in (b"Content-Length : 2\r\n", b"No colon here\r\n",
+                       b"Content-Length: 2\r\nContent-Length: 3\r\n", b"Bad Name: x\r\n"):
+            answer = self.raw(post + header + b"\r\n{}")
+            self.assertTrue(answer.startswith(b"HTTP/1.1 400"), (header, answer[:80]))
+        answer = self.raw(b"GET /api HTTP/1.1\r\n Host: 127.0.0.1\r\n\r\n")  # folds onto nothing
+        self.assertTrue(answer.startswith(b"HTTP/1.1 400"), answer[:80])
+        same_twice = self.raw(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                              b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}" % self.port)
+        self.assertIn(b"Invalid Request", same_twice)       # read, and answered by MCP
+
+    def test_a_bug_in_a_face_is_a_500(self):
+        original = agora.CATALOG["channels"]
+        agora.CATALOG["channels"] = original._replace(
+            handler=lambda store, caller, args, now: agora.Result({}, lambda: 1 / 0))
+        self.addCleanup(agora.CATALOG.__setitem__, "channels", original)
+        token = self.join("alice")
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            status, _, body = self.request("GET", "/api/channels", token=token,
+                                           headers={"Accept": "text/plain"})
+        self.assertEqual((status, body), (500, {"error": "internal error; the server log "
+                                                         "has details"}))
+        self.assertIn("ZeroDivisionError", stderr.getvalue())
+        self.assertEqual(self.request("GET", "/api/channels", token=token)[0], 200)
 
     def test_jsonrpc_fuzz_on_mcp_and_a2a(self):
         token = self.join("alice")

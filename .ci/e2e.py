@@ -184,7 +184,9 @@ def team(page, url, db, bot):
     check("an agent not seen for 10 minutes looks idle", "idle" in sleepy.get_attribute("class")
           and "idle, seen 15m ago" in sleepy.inner_text(), sleepy.inner_text())
     page.screenshot(path=os.path.join(SHOTS, "e2e-team-laptop.png"))
-    return design
+    page.click(f"#team li[data-agent=bot] li[data-task='{design}'] button")
+    card = page.wait_for_selector(f"#plan-card .task[data-id='{design}']")
+    check("a held task in the team opens on the plan", "held by bot" in card.inner_text())
 
 
 def plan(page, url, bot):
@@ -217,12 +219,12 @@ def plan(page, url, bot):
           "per dependency, as the board has them", drawn() == [boxes, arrows, unfinished]
           and boxes >= 30, (drawn(), boxes, arrows, unfinished))
     states = page.evaluate("Object.fromEntries([...document.querySelectorAll('#plan g.node')]"
-                           ".map((g) => [g.dataset.id, g.getAttribute('class')]))")
+                           ".map((g) => [g.dataset.id, [...g.classList].filter((c) => "
+                           "c !== 'node' && c !== 'picked').join(' ')]))")
     check("boxes are coloured by state: claimed, ready, waiting, failed",
-          states[str(ids["design the release"])] == "node claimed"
-          and states[str(ids["write the api"])] == "node waiting"
-          and states[str(spike)] == "node failed"
-          and "node ready" in states.values(), states)
+          states[str(ids["design the release"])] == "claimed"
+          and states[str(ids["write the api"])] == "waiting"
+          and states[str(spike)] == "failed" and "ready" in states.values(), states)
     layers = page.evaluate("Object.fromEntries([...document.querySelectorAll('#plan g.node')]"
                            ".map((g) => [g.dataset.id, +g.querySelector('rect')"
                            ".getAttribute('y')]))")
