@@ -2996,6 +2996,28 @@ class ServeCommandTest(unittest.TestCase):
         _, err = server.communicate(timeout=10)
         self.assertEqual((server.returncode, err), (0, ""))
 
+    @unittest.skipUnless(os.name == "posix" and os.path.exists("/proc/self/cmdline"),
+                         "reads the command line off /proc")
+    def test_a_server_runs_from_the_bytecode_cache(self):
+        import importlib.util
+        script = os.path.join(self.dir, "agora.py")
+        shutil.copy(AGORA, script)
+        server = subprocess.Popen([sys.executable, script, "serve", "--addr", "127.0.0.1:0",
+                                   "--db", self.db, "--quiet"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+        try:
+            self.assertIn("listening on", read_line(server.stdout))
+            with open(f"/proc/{server.pid}/cmdline", "rb") as f:
+                words = f.read().decode().split("\0")
+            self.assertEqual(words[1:2] + words[3:5], ["-c", script, "serve"])   # ps still
+            self.assertIn("import agora", words[2])                 # shows agora.py serve
+            self.assertTrue(os.path.exists(importlib.util.cache_from_source(script)))
+        finally:
+            server.terminate()
+            _, err = server.communicate(timeout=10)
+        self.assertEqual((server.returncode, err), (0, ""))
+
     def test_non_loopback_needs_a_join_key_or_open(self):
         done = subprocess.run([sys.executable, AGORA, "serve", "--addr", "0.0.0.0:0",
                                "--db", self.db], capture_output=True, text=True, timeout=20,

@@ -94,9 +94,13 @@ con.close()
 """
 
 
+STARTED = []    # every server process, so that none outlives a run that stopped early
+
+
 def start(argv):
     """Start a server process; answer (process, port) from its first line."""
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    STARTED.append(process)
     line = process.stdout.readline()
     return process, int(line.split("http://127.0.0.1:")[1].split()[0])
 
@@ -514,6 +518,9 @@ def main():
         notes.append(f"search median latency at 1M messages: "
                      f"{latencies['1M messages']['search']:.1f} ms")
     finally:
+        for process in STARTED:
+            if process.poll() is None:
+                stop(process)
         shutil.rmtree(work, ignore_errors=True)
 
     print(f"\nagora {agora.__version__} bench (medians of {ROUNDS} alternating rounds where "
