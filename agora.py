@@ -97,6 +97,7 @@ PATTERN_RULES = {
 SCHEMA_VERSION = 8
 NEWEST_MESSAGE = "SELECT coalesce(max(id), 0) FROM messages"
 NEWEST_READY = "SELECT value FROM counters WHERE name = 'ready'"
+MARKS = f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})"     # what a waiter watches
 
 SCHEMA = """
 CREATE TABLE agents (
@@ -774,7 +775,7 @@ class Store:
             generation = self._generation
         seen, marks = self._marks
         if seen != generation:
-            marks = tuple(self.query_one(f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})"))
+            marks = tuple(self.query_one(MARKS))
             self._marks = (generation, marks)
         return marks
 
@@ -1091,6 +1092,14 @@ def clip(text, width=80):
     return line if len(line) <= width else line[:width - 1] + "…"
 
 
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text):
+    """Answer TEXT with any control character a space: as printed on one line."""
+    return CONTROL_CHARACTERS.sub(" ", text)
+
+
 def count_text(count, capped=None):
     """Answer a COUNT as said to an agent, "200+" when it is a lower bound: when CAPPED, or
     (not given) when a single count reached COUNT_CAP."""
@@ -1105,7 +1114,6 @@ def more_text(limit):
 
 def _size(count):
     return f"{count / 1000:.1f}k" if count >= 1000 else f"{count}c"
-
 
 
 # Messages: mailboxes, who sees what, what is unread or held ------------------
@@ -1195,14 +1203,11 @@ def _digest(channel, body, reply_to):
 # cursor stands, not written by me.
 READ_FROM = "(CASE WHEN c.held_until <= :now THEN c.acked_id ELSE c.last_id END)"
 
-
 MY_CURSORS = "c.agent = :me AND c.following = 1"
-
 
 UNREAD_FOR_ME = (f"m.channel = c.channel AND m.id > max({READ_FROM}, :after) AND m.sender != :me "
                  "AND (c.acked_past IS NULL OR instr(',' || c.acked_past || ',', "
                  "',' || m.id || ',') = 0)")
-
 
 Counts = namedtuple("Counts", "channels total capped newest")
 Counts.__doc__ = """Messages counted per channel ({channel: n}), their TOTAL, whether some
@@ -1243,14 +1248,11 @@ def _held(db, me, now):
                             "WHERE agent = ? AND held_until > ?", (me, now)).fetchone())
 
 
-
 # Tasks: states, leases and readiness -----------------------------------------
 
 UNFINISHED = ("open", "claimed")            # a task can still move on from these
 
-
 FINISHED = ("done", "failed", "cancelled")  # and never from these
-
 
 WITH_RESULT = ("done", "failed")            # finished by its holder, with a result
 
@@ -1271,21 +1273,16 @@ TASK_STATE = ("(CASE WHEN status = 'claimed' AND lease_until <= :now THEN 'open'
 WAITING = ("EXISTS (SELECT 1 FROM task_deps d JOIN tasks b ON b.id = d.after_id "
            "WHERE d.task_id = tasks.id AND b.status != 'done')")
 
-
 TASK_ROWS = (f"SELECT *, {TASK_STATE} AS state, (SELECT group_concat(after_id) FROM task_deps "
              "WHERE task_id = tasks.id) AS after_ids, (SELECT group_concat(d.after_id) "
              "FROM task_deps d JOIN tasks b ON b.id = d.after_id WHERE d.task_id = tasks.id "
              "AND b.status != 'done') AS waiting_ids FROM tasks")
 
-
 OPEN_TASK = f"status IN {sql_set(UNFINISHED)} AND {TASK_STATE} = 'open'"
-
 
 READY_TASK = f"{OPEN_TASK} AND NOT {WAITING}"
 
-
 BLOCKED_TASK = f"{OPEN_TASK} AND {WAITING}"
-
 
 HELD_TASK = f"status = 'claimed' AND {TASK_STATE} = 'claimed'"
 
@@ -1345,7 +1342,6 @@ def became_ready(db, task_ids, now):
             db.execute("UPDATE counters SET value = value + 1 WHERE name = 'ready'")
 
 
-
 # News: what an agent has been told -------------------------------------------
 
 def _mark_told(db, me, now, message_id=None, ready=False):
@@ -1360,7 +1356,6 @@ def _mark_told(db, me, now, message_id=None, ready=False):
 
 
 NEWS_PREVIEWS = 5          # messages news shows; its count covers the rest
-
 
 PREVIEW_LENGTH = 120
 
@@ -1400,7 +1395,6 @@ def news_summary(previews, count, tasks, now, capped=None):
     return "\n".join(lines) or "nothing new"
 
 
-
 # Notes: revisions ------------------------------------------------------------
 
 def _note(row, with_body=True):
@@ -1419,7 +1413,6 @@ def _note_line(note, now, size=None):
     line = (f"{_note_name(note)} v{note['version']} {note['author']} "
             f"{age(now - note['updated'])}")
     return line if size is None else f"{line} {_size(size)}"
-
 
 
 # Reservations: the glob language and who keeps off whose paths ---------------
@@ -1577,12 +1570,9 @@ def _reservation_line(reservation, now):
 
 LIVE_RESERVATION = "expires > :now"
 
-
 CONFLICT_FIELDS = ("agent", "path", "exclusive", "reason", "expires")
 
-
 NOTHING_RESERVED = "nothing keeps you off them"
-
 
 
 # Agents ----------------------------------------------------------------------
@@ -2018,13 +2008,13 @@ def _deliver(db, me, limit, now, hold=0):
     return delivered, remaining
 
 
+WAIT = _integer(0, MAX_WAIT, "seconds", default=0)
 HOLD = _integer(0, 86400, "seconds until unacked messages come back", default=0)
 
 
 @operation("read", "Deliver your new messages (mailbox, followed channels) once each, "
            "oldest first; wait blocks for some; hold: they come back until you ack.",
-           {"limit": LIMIT, "wait": _integer(0, MAX_WAIT, "seconds", default=0),
-            "hold": HOLD})
+           {"limit": LIMIT, "wait": WAIT, "hold": HOLD})
 def op_read(store, caller, args, now):
     """Deliver unread messages, waiting up to WAIT seconds for the first one."""
     started, hold = time.monotonic(), args["hold"]
@@ -2335,13 +2325,11 @@ def op_search(store, caller, args, now):
     return Result({"hits": hits}, "\n".join(lines) or f"nothing matches {args['q']!r}")
 
 
-
 # News ------------------------------------------------------------------------
 
 @operation("news", "Unread messages not told to you yet (read still takes them), with "
            "tasks=true tasks now ready. Marks them told unless peek.",
-           {"wait": _integer(0, MAX_WAIT, "seconds", default=0),
-            "tasks": FLAG, "peek": FLAG})
+           {"wait": WAIT, "tasks": FLAG, "peek": FLAG})
 def op_news(store, caller, args, now):
     """Report untold unread messages (and ready tasks), waiting up to WAIT seconds."""
     me, started = caller.name, time.monotonic()
@@ -2350,8 +2338,7 @@ def op_news(store, caller, args, now):
             at = now + int(time.monotonic() - started)
             with store.transaction() as db:
                 previews, counts, tasks = _untold(db, me, args["tasks"], at)
-                marks = tuple(db.execute(
-                    f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})").fetchone())
+                marks = tuple(db.execute(MARKS).fetchone())
                 lease_ends = db.execute(
                     "SELECT min(lease_until) FROM tasks WHERE status = 'claimed' AND "
                     "lease_until > ?", (at,)).fetchone()[0] if args["tasks"] else None
@@ -2367,8 +2354,7 @@ def op_news(store, caller, args, now):
                        left if lease_ends is None else min(left, lease_ends - at))
     summary = news_summary(previews, counts.total, tasks, now, counts.capped)
     return Result({"count": counts.total, "messages": previews, "tasks": tasks,
-                        "summary": summary}, summary)
-
+                   "summary": summary}, summary)
 
 
 # Tasks -----------------------------------------------------------------------
@@ -2430,7 +2416,6 @@ def _set_after(db, task_id, after):
 
 AFTER = {"type": "array", "items": ID, "maxItems": MAX_AFTER,
          "description": "task ids to wait for"}
-
 
 PRIORITY = _integer(-1000, 1000, "higher is taken first", default=0)
 
@@ -2775,7 +2760,6 @@ def op_follow_up(store, caller, args, now):
                   f"added to task #{task['id']}")
 
 
-
 # Notes -----------------------------------------------------------------------
 
 def _note_head(db, project, key):
@@ -2875,7 +2859,6 @@ def op_delete_note(store, caller, args, now):
                   "still shows its last text")
 
 
-
 # Reservations ----------------------------------------------------------------
 
 PATTERNS = {"type": "array", "items": _string(1, 300), "maxItems": MAX_PATTERNS,
@@ -2900,8 +2883,8 @@ def op_reserve(store, caller, args, now):
     patterns = sorted({reservation_pattern(path) for path in args["paths"]})
     if not patterns:
         raise BadRequest("paths must name at least one pattern")
-    theirs = f"SELECT * FROM reservations WHERE project = :project AND agent != :me AND " \
-             f"{LIVE_RESERVATION}"
+    theirs = ("SELECT * FROM reservations WHERE project = :project AND agent != :me AND "
+              f"{LIVE_RESERVATION}")
     where = {"project": project, "me": me, "now": now}
 
     def refuse_conflicts(held):
@@ -3012,7 +2995,6 @@ def _is_unicode(text):
 # Arguments that are one line wherever they are shown, so that no peer can print a line
 # that looks like agora's own (or the guard's) under someone else's eyes.
 ONE_LINE_FIELDS = ("title", "status", "about", "reason", "note")
-CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 TRUE_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -3930,7 +3912,7 @@ class A2AEndpoint(RpcEndpoint):
                            "VALUES (?, ?, 'user', ?, ?)", (task_id, message_id, text, now))
             else:
                 metadata = params.get("metadata") or message.get("metadata") or {}
-                args = {"title": CONTROL_CHARACTERS.sub(" ", text.splitlines()[0])[:200],
+                args = {"title": one_line(text.splitlines()[0])[:200],
                         "body": text}
                 for key in ("tags", "priority"):
                     if isinstance(metadata, dict) and metadata.get(key) is not None:
@@ -4220,8 +4202,9 @@ class RequestHandler:
                 return False
             self.request_version = words[2]
             self.close_connection = (int(version[1]), int(version[2])) < (1, 1)
-        self.command, self.path = words[0], "/" + words[1].lstrip("/") \
-            if words[1].startswith("//") else words[1]      # //host would be absolute
+        self.command = words[0]
+        self.path = ("/" + words[1].lstrip("/") if words[1].startswith("//")
+                     else words[1])             # //host would be read as absolute
         fields, size = [], 0
         while True:
             line = self.rfile.readline(65537)
@@ -4987,11 +4970,6 @@ def _link(options, timeout=REMOTE_TIMEOUT, operator=False):
     return AgentLink(db=getattr(options, "db", None), name=as_name, timeout=timeout)
 
 
-def one_line(text):
-    """Answer TEXT with any control character a space: as printed on one line."""
-    return CONTROL_CHARACTERS.sub(" ", text)
-
-
 def write_file(path, text, executable=False):
     """Write TEXT to PATH in a person's project or home as agora writes there: never through
     a symbolic link (a linked file or folder is refused), by way of a temp file created
@@ -5468,12 +5446,15 @@ REWAKE_SUMMARY = "agora: new mail"
 
 
 def agora_argv(*words):
-    """Answer the command line that runs `agora.py WORDS...` for a file agora writes (hooks,
-    the guard). It imports agora as a module, so Python's bytecode cache spares each run
-    the compiling of this whole file."""
-    folder = json.dumps(os.path.dirname(os.path.abspath(__file__)))   # a Python literal too
-    launcher = f"import sys; sys.path.insert(0, {folder}); import agora; sys.exit(agora.main())"
-    return [sys.executable, "-c", launcher, *words]
+    """Answer the command line that runs `agora.py WORDS...` with agora imported as a
+    module, so that Python's bytecode cache spares the run the compiling of this whole
+    file: for what agora writes (hooks, the guard) and for its own long-lived commands.
+    The file's path stays in the command line, for ps and pkill -f "agora.py serve"."""
+    source = os.path.abspath(__file__)
+    folder = json.dumps(os.path.dirname(source))        # a Python literal too
+    launcher = (f"import sys; sys.path.insert(0, {folder}); import agora; "
+                "sys.exit(agora.main(sys.argv[2:]))")
+    return [sys.executable, "-c", launcher, source, *words]
 
 
 def hook_argv(event, client, identity):
@@ -5514,6 +5495,8 @@ def is_agora_hook(entry):
             return False
     for at, word in enumerate(argv[:-1]):
         after = argv[at + 1:]
+        # `agora.py hook`, as agora_argv writes it, or its launcher alone before hook, as
+        # it was first written
         if isinstance(word, str) and (os.path.basename(word) == "agora.py" and after[:1] == ["hook"]
                                       or word == "-c" and "import agora" in str(after[0])
                                       and after[1:2] == ["hook"]):
@@ -5764,12 +5747,9 @@ def _restart_from_bytecode(argv):
     if not fresh:
         _cache_bytecode()
     if os.path.exists(cache):
-        folder = json.dumps(os.path.dirname(source))        # a Python literal too
-        launcher = (f"import sys; sys.path.insert(0, {folder}); import agora; "
-                    "sys.exit(agora.main(sys.argv[2:]))")
         sys.stdout.flush()
-        sys.stderr.flush()          # the file's path stays in the command line, for ps
-        os.execv(sys.executable, [sys.executable, "-c", launcher, source, *argv])
+        sys.stderr.flush()
+        os.execv(sys.executable, agora_argv(*argv))
 
 
 def main(argv=None):

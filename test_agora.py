@@ -4874,7 +4874,7 @@ class HookInstallTest(unittest.TestCase):
                 if client == "cursor":
                     self.assertEqual(settings["version"], 1)
                 found = self.handlers(client, settings)
-                self.assertEqual({event: [self.argv(client, h)[4] for h in handlers]
+                self.assertEqual({event: [self.argv(client, h)[5] for h in handlers]
                                   for event, handlers in found.items()}, events)
                 for handlers in found.values():
                     for handler in handlers:
@@ -4884,12 +4884,13 @@ class HookInstallTest(unittest.TestCase):
                         self.assertEqual(argv[0], sys.executable)
                         self.assertEqual(argv[1], "-c")          # agora as a module: cached
                         self.assertIn("import agora", argv[2])
+                        self.assertEqual(argv[3:5], [AGORA, "hook"])     # ps shows agora.py
                         self.assertEqual(argv[-4:], ["--as", "bob", "--db", self.db])
                         if client != "claude":
-                            self.assertEqual(argv[5:7], ["--client", client])
+                            self.assertEqual(argv[6:8], ["--client", client])
                         if client == "gemini":
                             self.assertGreaterEqual(handler["timeout"], 1000)   # milliseconds
-                        if argv[4] == "wake":
+                        if argv[5] == "wake":
                             self.assertIs(handler["asyncRewake"], True)
                             self.assertGreater(handler["timeout"], agora.WAKE_TIMEOUT)
                             self.assertEqual(handler["rewakeSummary"], "agora: new mail")
@@ -4923,9 +4924,11 @@ class HookInstallTest(unittest.TestCase):
         theirs = {"type": "command", "command": "/bin/echo", "args": ["mine"]}
         old_agora = {"type": "command", "command": sys.executable,
                      "args": [AGORA, "hook", "stop", "--as", "bob"]}
+        old_launcher = {"type": "command", "command": sys.executable,
+                        "args": ["-c", "import agora; agora.main()", "hook", "stop"]}
         with open(self.path("claude"), "w") as f:
             json.dump({"permissions": {"allow": ["Bash(ls)"]}, "model": "x",
-                       "hooks": {"Stop": [{"hooks": [theirs, old_agora]}],
+                       "hooks": {"Stop": [{"hooks": [theirs, old_agora, old_launcher]}],
                                  "PreToolUse": [{"matcher": "Bash", "hooks": [theirs]}]}}, f)
         self.assertEqual(self.install("claude", "--as", "bob").returncode, 0)
         settings = json.loads(self.read("claude"))
