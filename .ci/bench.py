@@ -40,6 +40,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import agora  # noqa: E402
+from harness import mint_token, rest  # noqa: E402
 
 AGORA = os.path.join(ROOT, "agora.py")
 CLIENTS = 8
@@ -111,18 +112,17 @@ def stop(process):
     process.wait(10)
 
 
-def throughput(port, path, make_body, token=None):
-    """Answer requests per second from CLIENTS keep-alive clients for SECONDS."""
+def throughput(port, path, make_body, tokens):
+    """Answer requests per second from CLIENTS keep-alive clients for SECONDS, client I
+    sending TOKENS[I] (in turn) and make_body(I, its request's sequence)."""
     counts, errors = [0] * CLIENTS, []
     start_line = threading.Barrier(CLIENTS + 1)
     deadline = [0.0]
 
     def client(index):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        headers = {"Content-Type": "application/json"}
-        if token:
-            own = token[index % len(token)] if isinstance(token, list) else token
-            headers["Authorization"] = f"Bearer {own}"
+        headers = {"Content-Type": "application/json",
+                   "Authorization": f"Bearer {tokens[index % len(tokens)]}"}
         start_line.wait()
         sequence = 0
         while time.perf_counter() < deadline[0]:
@@ -148,8 +148,11 @@ def throughput(port, path, make_body, token=None):
 
 
 WRK_SCRIPT = r"""
-local threads, counter = 0, 0
+local threads, counter, nonce = 0, 0, ""
 local tokens = {%(tokens)s}
+init = function(args)
+  nonce = args[1]
+end
 setup = function(thread)
   threads = threads + 1
   thread:set("id", threads)
@@ -157,7 +160,7 @@ end
 request = function()
   counter = counter + 1
   local token = tokens[(counter %% #tokens) + 1]
-  local tag = "wrk " .. id .. "-" .. counter
+  local tag = "wrk " .. nonce .. " " .. id .. "-" .. counter
   local body = %(body)s
   return wrk.format("POST", "%(path)s", {["Content-Type"] = "application/json",
                                            ["Authorization"] = "Bearer " .. token}, body)
@@ -169,8 +172,8 @@ done = function(summary, latency, requests)
 end
 """
 
-# What each load sends, as a Lua expression of `tag` (unique per request: no post is a
-# retry of another, which dedup would answer without a write) and `counter`.
+# What each load sends, as a Lua expression of `tag` (unique per request of every run: no
+# post is a retry of another, which dedup would answer without a write) and `counter`.
 WRK_BODIES = {
     "post": """'{"body": "' .. tag .. '"}'""",
     "mcp": """'{"jsonrpc": "2.0", "id": ' .. counter .. ', "method": "tools/call", "params": '
@@ -179,14 +182,15 @@ WRK_BODIES = {
     "hold": """'{"limit": 20, "hold": 600}'""",
     "claim": """'{}'""",
 }
-PYTHON_BODIES = {
-    "post": lambda i, s: json.dumps({"body": f"bench message {i}-{s}"}).encode(),
-    "mcp": lambda i, s: json.dumps({"jsonrpc": "2.0", "id": s, "method": "tools/call", "params": {
-        "name": "post", "arguments": {"body": f"mcp message {i}-{s}"}}}).encode(),
-    "read": lambda i, s: b'{"limit": 20}',
-    "hold": lambda i, s: b'{"limit": 20, "hold": 600}',
-    "claim": lambda i, s: b"{}",
+PYTHON_BODIES = {         # of a run's nonce and client, and the request's sequence
+    "post": lambda n, s: json.dumps({"body": f"bench message {n}-{s}"}).encode(),
+    "mcp": lambda n, s: json.dumps({"jsonrpc": "2.0", "id": s, "method": "tools/call", "params": {
+        "name": "post", "arguments": {"body": f"mcp message {n}-{s}"}}}).encode(),
+    "read": lambda n, s: b'{"limit": 20}',
+    "hold": lambda n, s: b'{"limit": 20, "hold": 600}',
+    "claim": lambda n, s: b"{}",
 }
+RUNS = itertools.count()    # each load run's nonce
 
 
 def load(port, path, kind, tokens, work):
@@ -195,15 +199,18 @@ def load(port, path, kind, tokens, work):
     else Python client threads."""
     tokens = tokens if isinstance(tokens, list) else [tokens or "none"]
     if not WRK:
-        return throughput(port, path, PYTHON_BODIES[kind], tokens)
+        nonce = next(RUNS)
+        return throughput(port, path, lambda i, s: PYTHON_BODIES[kind](f"{nonce}.{i}", s),
+                          tokens)
     script = os.path.join(work, f"{kind}.lua")
     with open(script, "w") as f:
         f.write(WRK_SCRIPT % {"tokens": ", ".join(f'"{t}"' for t in tokens),
                               "body": WRK_BODIES[kind], "path": path})
     argv = [WRK, "-t2", f"-c{CLIENTS}", "-s", script, f"http://127.0.0.1:{port}{path}"]
-    subprocess.run(argv + ["-d1s"], capture_output=True, timeout=60)   # warm, then measure
-    done = subprocess.run(argv + [f"-d{SECONDS:g}s"], capture_output=True, text=True,
-                          timeout=SECONDS + 60)
+    subprocess.run(argv + ["-d1s", "--", f"{kind}{next(RUNS)}"], capture_output=True,
+                   timeout=60)                                      # warm, then measure
+    done = subprocess.run(argv + [f"-d{SECONDS:g}s", "--", f"{kind}{next(RUNS)}"],
+                          capture_output=True, text=True, timeout=SECONDS + 60)
     line = next((l for l in done.stdout.splitlines() if l.startswith("WRK ")), None)
     if line is None:
         raise SystemExit(f"wrk on {path} said: {done.stdout[-400:]} {done.stderr[-400:]}")
@@ -235,23 +242,11 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def post_json(port, path, body, token):
-    """Answer (status, body) of one POST on a new connection."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request("POST", path, body=json.dumps(body).encode(),
-                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-    response = conn.getresponse()
-    answer = json.loads(response.read())
-    conn.close()
-    return response.status, answer
-
-
-def timed_post(port, token):
-    """Answer the milliseconds one post takes."""
+def timed_post(url, token):
+    """Answer the milliseconds one post takes (None when it failed)."""
     began = time.perf_counter()
-    status, _ = post_json(port, "/api/post", {"body": f"timed {began}"}, token)
-    assert status == 200, status
-    return (time.perf_counter() - began) * 1000
+    status, _ = rest(url, "post", {"body": f"timed {began}"}, token)
+    return (time.perf_counter() - began) * 1000 if status == 200 else None
 
 
 def peak_rss_mb(pid):
@@ -334,25 +329,26 @@ def main():
         # Throughput: alternate floor and agora rounds, keep medians. The readers have a
         # backlog of thousands each, which no round runs out of.
         db = os.path.join(work, "serve.db")
+        # (hold has readers of its own: a hold under way makes every read of its cursor
+        # a held one)
         readers = [f"reader{i}" for i in range(CLIENTS)]
-        build_file(db, 300_000, unread=250_000, readers=readers).close()
+        keepers = [f"keeper{i}" for i in range(CLIENTS)]
+        build_file(db, 300_000, unread=250_000, readers=readers + keepers).close()
         server, port = start([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
                               "--db", db, "--quiet"])
         floor, floor_port = start([sys.executable, "-c", FLOOR_SERVER])
 
-        def mint(name):
-            return json.loads(subprocess.run(
-                [sys.executable, AGORA, "join", f"name={name}", "--json", "--db", db],
-                check=True, capture_output=True, text=True).stdout)["token"]
-        token = mint("bench")
-        reader_tokens = [mint(name) for name in readers]
+        url = f"http://127.0.0.1:{port}"
+        token = mint_token(db, "bench")
+        reader_tokens = [mint_token(db, name) for name in readers]
+        keeper_tokens = [mint_token(db, name) for name in keepers]
         floors, rests, mcps, reads, holds = [], [], [], [], []
         for _ in range(ROUNDS):
             floors.append(load(floor_port, "/", "post", None, work))
             rests.append(load(port, "/api/post", "post", token, work))
             mcps.append(load(port, "/mcp", "mcp", token, work))
             reads.append(load(port, "/api/read", "read", reader_tokens, work))
-            holds.append(load(port, "/api/read", "hold", reader_tokens, work))
+            holds.append(load(port, "/api/read", "hold", keeper_tokens, work))
         floor_rate = statistics.median(floors)
         by = "wrk -t2 -c8" if WRK else "Python clients, no wrk"
         rows.append((f"REST post ({by}, req/s)", statistics.median(rests), floor_rate,
@@ -404,7 +400,7 @@ def main():
 
         # What idle waiters cost: 100 read wait=60 long-polls, of 100 agents in two
         # processes, sitting idle while the server's CPU time is read.
-        waiter_tokens = [mint(f"idle{i}") for i in range(100)]
+        waiter_tokens = [mint_token(db, f"idle{i}") for i in range(100)]
         waiters = [subprocess.Popen([sys.executable, "-c", IDLE_WAITERS, str(port), *half],
                                     stdout=subprocess.PIPE, text=True)
                    for half in (waiter_tokens[:50], waiter_tokens[50:])]
@@ -430,20 +426,21 @@ def main():
         wide = [f"**/part{i}/x.py" for i in range(50)]     # ends agree: decided in full
         reserves, posts_during, posts_alone = [], [], []
         for _ in range(ROUNDS):
-            posts_alone.append(timed_post(port, token))
+            posts_alone.append(timed_post(url, token))
             done = threading.Event()
 
             def post_meanwhile():
                 while not done.is_set():
-                    posts_during.append(timed_post(port, token))
+                    posts_during.append(timed_post(url, token))
             poster = threading.Thread(target=post_meanwhile)
             poster.start()
             began = time.perf_counter()
-            status, _ = post_json(port, "/api/reserve", {"paths": wide, "lease": 60}, token)
+            status, _ = rest(url, "reserve", {"paths": wide, "lease": 60}, token)
             reserves.append((time.perf_counter() - began) * 1000)
             done.set()
             poster.join()
-            assert status == 200, status
+            if status != 200 or None in posts_alone + posts_during:
+                raise SystemExit(f"a reserve or a post meanwhile failed (reserve: HTTP {status})")
         rows.append(("reserve of 50 against 1,000 held (ms)", statistics.median(reserves),
                      None, "<= 1000 ms", lambda value: value <= 1000))
         rows.append(("post while a reserve is checked (ms)", statistics.median(posts_during),
@@ -488,8 +485,8 @@ def main():
             store = build_file(os.path.join(work, f"{name.split()[0]}-{count}-{unread}.db"),
                                count, unread)
             if name == "10,000 held":           # given under a hold that has not run out
-                with store.transaction(write=True) as db:
-                    db.execute("UPDATE cursors SET acked_id = last_id - 10000, held_count = "
+                with store.transaction(write=True) as con:
+                    con.execute("UPDATE cursors SET acked_id = last_id - 10000, held_count = "
                                "10000, held_until = 4000000000 WHERE agent = 'reader' AND "
                                "channel = 'public'")
             notes.append(f"built the {name} file ({count:,} messages) in "

@@ -44,6 +44,7 @@ folder (a waiting hook, a daemon). Standard library only.
 """
 
 import contextlib
+import functools
 import glob
 import hashlib
 import json
@@ -149,16 +150,15 @@ def sweep(marker):
     return left
 
 
-def run(argv, cwd, env, timeout=RUN_TIMEOUT, stdin_text=None):
+def run(argv, cwd, env, timeout=RUN_TIMEOUT):
     """Run ARGV in its own process group with a hard TIMEOUT; answer a Run."""
     started = time.monotonic()
     process = subprocess.Popen(argv, cwd=cwd, env=env, text=True, start_new_session=True,
-                               stdin=subprocess.PIPE if stdin_text is not None
-                               else subprocess.DEVNULL,
+                               stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     timed_out = False
     try:
-        out, err = process.communicate(stdin_text, timeout=timeout)
+        out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
         kill_group(process)
@@ -257,17 +257,19 @@ def base_env(scratch):
 
 # -- the hook files -------------------------------------------------------------
 
-def hook_argv(event, client, name, db):
-    """Answer the command line of one agora hook, as `hook install` writes it."""
+@functools.lru_cache(maxsize=None)
+def under_test():
+    """Answer the agora.py under test (AGORA), loaded as a module once."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("agora_under_test", AGORA)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.hook_argv(event, client, ["--as", name, "--db", db])
+    return module
 
 
-HOOK_FILES = {"claude": ".claude/settings.local.json", "codex": ".codex/hooks.json",
-              "gemini": ".gemini/settings.json", "cursor": ".cursor/hooks.json"}
+def hook_argv(event, client, name, db):
+    """Answer the command line of one agora hook, as `hook install` writes it."""
+    return under_test().hook_argv(event, client, ["--as", name, "--db", db])
 
 
 def write_hooks(client, scratch, name, url=None):
@@ -277,7 +279,7 @@ def write_hooks(client, scratch, name, url=None):
     who = ["--url", url] if url else ["--as", name, "--db", scratch.db]
     subprocess.run([PYTHON, AGORA, "hook", "install", client, *who, "--dir",
                     scratch.project], check=True, capture_output=True, timeout=30)
-    return os.path.join(scratch.project, HOOK_FILES[client])
+    return os.path.join(scratch.project, under_test().HOOK_FILES[client][0])
 
 
 def rewrite_hooks(path, change):
@@ -523,14 +525,17 @@ def post_argv(db, to, body, sender="bob"):
     return [PYTHON, AGORA, "post", f"body={body}", f"to={to}", "--as", sender, "--db", db]
 
 
+LEFT_BEHIND = []    # processes a session left running (killed): the run's last check says
+
+
 class Session:
     """One scenario's world: a Scratch and a started FakeModel; on leaving, the model
-    stops and any process still naming the scratch folder is killed (and noted)."""
+    stops and any process still naming the scratch folder is killed (and kept in
+    LEFT_BEHIND)."""
 
-    def __init__(self, base, label, script=()):
+    def __init__(self, base, label):
         self.scratch = Scratch(base, label)
-        self.model = FakeModel(script, log_path=os.path.join(self.scratch.root,
-                                                             "requests.jsonl"))
+        self.model = FakeModel()
 
     def __enter__(self):
         self.model.start()
@@ -541,6 +546,7 @@ class Session:
         left = self.scratch.sweep()
         if left:
             note(f"killed {len(left)} process(es) left behind: {left[0][:140]}")
+            LEFT_BEHIND.extend(left)
         if self.model.errors:
             note(f"fake model callback errors: {self.model.errors}")
 
@@ -613,7 +619,8 @@ def mcp_round_trip(client, base, transport):
         try:
             token = mint(scratch.db, name) if server else None
             ok, extra = client_add_mcp(client, scratch, model, name, server, token)
-            if not check(f"{label}: the client takes agora as an MCP server", ok, extra):
+            if ok is not None and not check(f"{label}: the client takes agora as an MCP "
+                                            "server", ok, extra):
                 return
             dm(scratch.db, name, "MAIL-FOR-TOOLS see the log")
             model.set_script([McpScript(client)] * 6)
@@ -663,7 +670,8 @@ class McpScript:
 
 def client_add_mcp(client, scratch, model, name, server, token):
     """Register agora as an MCP server with CLIENT: stdio (`agora.py stdio --as NAME`)
-    or HTTP (SERVER's /mcp with TOKEN as a bearer header). Answer (ok, config)."""
+    or HTTP (SERVER's /mcp with TOKEN as a bearer header). Answer (whether `claude mcp
+    add` took it, None for the others: their config goes in with the run; the config)."""
     stdio = [PYTHON, AGORA, "stdio", "--as", name, "--db", scratch.db]
     if client.name == "claude":
         if server:
@@ -682,7 +690,7 @@ def client_add_mcp(client, scratch, model, name, server, token):
                                                                f"Bearer {token}"}}
                   if server else {"command": stdio[0], "args": stdio[1:]})
         config["trust"] = True          # no confirmation: -p cannot ask
-    return True, {"agora": config}
+    return None, {"agora": config}
 
 
 def client_mcp_options(client, config):
@@ -990,8 +998,8 @@ def main(argv=None):
                 mcp_round_trip(client, base, transport)
             shown_to_person(client, base)
     finally:
-        left = sweep(base)
-        check("no client or hook process outlives the run", not left, left)
+        left = LEFT_BEHIND + sweep(base)
+        check("no client or hook process outlives its session", not left, left)
         shutil.rmtree(base, ignore_errors=True)
         note(f"clients run took {time.monotonic() - started:.0f}s")
     return summary()

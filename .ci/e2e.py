@@ -159,8 +159,10 @@ def session(page, url, db, you, bot, problems):
 def team(page, url, db, bot):
     """The Team tab: a row per agent with what it holds and reserves."""
     mint_token(db, "sleepy")
-    with sqlite3.connect(db) as connection:       # as if sleepy had last called 15 minutes ago
+    connection = sqlite3.connect(db)
+    with connection:                    # as if sleepy had last called 15 minutes ago
         connection.execute("UPDATE agents SET seen = seen - 900 WHERE name = 'sleepy'")
+    connection.close()
     design = act(url, "post_task", {"title": "design the release"}, bot)["id"]
     act(url, "claim", {"id": design, "lease": 1800}, bot)
     act(url, "reserve", {"paths": "web/**", "project": "site", "exclusive": False,
@@ -280,14 +282,18 @@ def main():
                 executable_path=CHROMIUM, headless=True,
                 args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                       "--disable-component-update", "--disable-sync", "--no-first-run"])
-            page = browser.new_page(viewport={"width": 1280, "height": 860})
-            page.on("pageerror", lambda error: problems.append(str(error)))
-            page.on("console", lambda message: problems.append(message.text)
-                    if message.type == "error" else None)
+            def watched(viewport):
+                """A new page whose script errors and console errors (a CSP violation
+                is one) land in problems."""
+                page = browser.new_page(viewport=viewport)
+                page.on("pageerror", lambda error: problems.append(str(error)))
+                page.on("console", lambda message: problems.append(message.text)
+                        if message.type == "error" else None)
+                return page
+            page = watched({"width": 1280, "height": 860})
             session(page, url, db, you, bot, problems)
             page.screenshot(path=os.path.join(SHOTS, "e2e-laptop.png"))
-            phone = browser.new_page(viewport={"width": 390, "height": 800})
-            phone.on("pageerror", lambda error: problems.append(str(error)))
+            phone = watched({"width": 390, "height": 800})
             phone.goto(url + "/")
             phone.fill("#token", you)
             phone.click("#signin-form button")

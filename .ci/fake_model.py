@@ -81,7 +81,7 @@ def _blocks(reply, request=None):
     return blocks
 
 
-def classify(method, path, query, body):
+def classify(path, body):
     """Answer (api, kind) for a request: api anthropic/openai/gemini/other, kind
     turn/side/count/unknown."""
     body = body if isinstance(body, dict) else {}
@@ -155,10 +155,9 @@ def tool_names(request):
 class FakeModel:
     """The fake model server: a script of replies, a record of requests, callbacks."""
 
-    def __init__(self, script=(), log_path=None, host="127.0.0.1", port=0, delay=0.0):
+    def __init__(self, script=(), log_path=None, port=0):
         self.log_path = log_path
-        self.host, self.port = host, port
-        self.delay = delay                  # seconds to sleep before each turn answer
+        self.port = port
         self.requests = []
         self._script = [_blocks(reply) for reply in script]
         self._callbacks = {}
@@ -174,7 +173,7 @@ class FakeModel:
     def start(self):
         """Start serving in a daemon thread; answer self (model.url is then set)."""
         handler = type("Handler", (_Handler,), {"model": self})
-        self._server = http.server.ThreadingHTTPServer((self.host, self.port), handler)
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever,
@@ -189,31 +188,15 @@ class FakeModel:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self):
-        return self.start() if self._server is None else self
-
-    def __exit__(self, *exc):
-        self.stop()
-
     @property
     def url(self):
         """The base URL, e.g. http://127.0.0.1:PORT (no trailing slash)."""
-        return f"http://{self.host}:{self.port}"
+        return f"http://127.0.0.1:{self.port}"
 
     # -- script and callbacks ---------------------------------------------------
     def set_script(self, replies):
         """Replace the replies still to come (the turn count goes on)."""
         with self._cond:
-            self._script = [_blocks(reply) for reply in replies]
-
-    def reset(self, replies=()):
-        """Forget recorded requests, callbacks and the turn count; set a new script."""
-        with self._cond:
-            self.requests.clear()
-            self._callbacks.clear()
-            self._every.clear()
-            self._turns = 0
-            self.errors.clear()
             self._script = [_blocks(reply) for reply in replies]
 
     def before(self, n, fn):
@@ -260,7 +243,7 @@ class FakeModel:
 
     # -- the handler's side -----------------------------------------------------
     def _record(self, method, path, query, headers, body):
-        api, kind = classify(method, path, query, body)
+        api, kind = classify(path, body)
         with self._cond:
             request = {"n": len(self.requests) + 1, "time": time.time(),
                        "monotonic": time.monotonic(), "method": method, "path": path,
@@ -292,8 +275,6 @@ class FakeModel:
                 fn(request)
             except Exception as error:          # a test's callback must not kill the server
                 self.errors.append(f"turn {request.get('turn')}: {error!r}")
-        if kind == "turn" and self.delay:
-            time.sleep(self.delay)
         return request, blocks
 
     def next_id(self, prefix):
@@ -355,7 +336,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if kind == "side" and config.get("responseMimeType") == "application/json":
                     blocks = [text(json.dumps(schema_instance(schema or {})))]
                     request["reply"] = blocks
-                return self._json(self._gemini_chunk(body, blocks))
+                return self._json(self._gemini_chunk(blocks))
             if method == "GET" and parsed.path.rstrip("/").endswith("/models"):
                 return self._json({"data": [], "models": []})
             self._json({"error": {"type": "not_found", "message": parsed.path}}, 404)
@@ -474,7 +455,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     "response.completed")
 
     # -- Gemini -----------------------------------------------------------------
-    def _gemini_chunk(self, body, blocks):
+    def _gemini_chunk(self, blocks):
         parts = []
         for block in blocks:
             if "tool" in block:
@@ -489,7 +470,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _gemini_sse(self, body, blocks):
         self._sse_start()
-        self.wfile.write(("data: " + json.dumps(self._gemini_chunk(body, blocks))
+        self.wfile.write(("data: " + json.dumps(self._gemini_chunk(blocks))
                           + "\r\n\r\n").encode())
         self.wfile.flush()
 
