@@ -3185,10 +3185,12 @@ class _Request:
 class Writer:
     """The one thread that runs a server's writes, so that handler threads only frame.
 
-    Invariant: each turn takes every request queued (up to GROUP_COMMIT_MAX) and runs
-    them one after another in one GroupCommit turn, so each operation's own write
-    blocks are savepoints of one transaction, commits once, and
-    only then answers every request of the turn. So an answered write is on disk; an
+    Invariant: a turn runs queued requests one after another in one GroupCommit turn,
+    taking those that queue meanwhile too until none waits (up to GROUP_COMMIT_MAX in
+    all), so each operation's own write blocks are savepoints of one transaction; then
+    it commits once, and only then answers every request of the turn. Under load a
+    turn so holds about as many writes as there are clients, at no cost to a lone
+    one, whose turn commits as soon as it ran. So an answered write is on disk; an
     operation that fails undoes its own savepoints alone and answers its own refusal
     (a bug in it is its 500, and the thread goes on); a commit that fails fails every
     request of the turn; and SQLite's work stays in one thread instead of handing the
@@ -3225,6 +3227,13 @@ class Writer:
             raise request.outcome
         return request.outcome
 
+    def _take(self, most):
+        """Take up to MOST requests off the queue, oldest first."""
+        with self.ready:
+            taken = self.queue[:most]
+            del self.queue[:most]
+        return taken
+
     def _serve(self):
         while True:
             with self.ready:
@@ -3232,16 +3241,20 @@ class Writer:
                     self.ready.wait()
                 if not self.queue:
                     return
-                turn = self.queue[:GROUP_COMMIT_MAX]
-                del self.queue[:GROUP_COMMIT_MAX]
+            turn = self._take(GROUP_COMMIT_MAX)
             try:
                 with self.store.writes.turn():
-                    for request in turn:
-                        try:
-                            request.outcome = call(self.store, request.name, request.args,
-                                                   request.caller, request.now)
-                        except AgoraError as error:
-                            request.outcome = error
+                    ran = 0
+                    while ran < len(turn):
+                        for request in turn[ran:]:
+                            try:
+                                request.outcome = call(self.store, request.name,
+                                                       request.args, request.caller,
+                                                       request.now)
+                            except AgoraError as error:
+                                request.outcome = error
+                        ran = len(turn)
+                        turn += self._take(GROUP_COMMIT_MAX - len(turn))
             except AgoraError as error:         # the commit failed: none of it stands
                 for request in turn:
                     request.outcome = error

@@ -1699,6 +1699,34 @@ class WriterTest(ServerCase):
         self.assertIsNone(self.store.query_one("SELECT 1 FROM channels WHERE name = 'half-done'"))
         self.assertTrue(self.store.writer.thread.is_alive())
 
+    def test_what_queues_while_a_turn_runs_joins_its_commit(self):
+        token = self.join("alice")
+        original, running, go = agora.CATALOG["post"], threading.Event(), threading.Event()
+
+        def slow_first(store, caller, args, now):
+            if args["body"] == "first":
+                running.set()
+                go.wait(10)
+            return original.handler(store, caller, args, now)
+        agora.CATALOG["post"] = original._replace(handler=slow_first)
+        self.addCleanup(agora.CATALOG.__setitem__, "post", original)
+        self.addCleanup(go.set)
+        commits, before_commit = [], self.store.writes.before_commit
+        self.store.writes.before_commit = lambda db: (commits.append(1), before_commit(db))
+        answers = {}
+        posts = [threading.Thread(target=lambda body=body: answers.__setitem__(
+            body, self.request("POST", "/api/post", {"body": body}, token)[0]))
+            for body in ("first", "second")]
+        posts[0].start()
+        self.assertTrue(running.wait(10))       # the first runs in its turn...
+        posts[1].start()
+        self.assertTrue(until(lambda: len(self.store.writer.queue) == 1))   # ...the second waits
+        go.set()
+        for post in posts:
+            post.join(30)
+        self.assertEqual(answers, {"first": 200, "second": 200})
+        self.assertEqual(len(commits), 1)       # one turn, one commit, one fsync
+
     def test_a_turn_that_cannot_begin_says_why(self):
         token = self.join("alice")
         original = self.store.writes._begin
