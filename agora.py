@@ -3149,18 +3149,31 @@ def call(store, name, args=None, caller=OPERATOR, now=None):
     An unexpected exception becomes an InternalError, its traceback on stderr.
     """
     now = int(time.time()) if now is None else now
-    try:
+    with bugs_refused(store, name):
         op = CATALOG.get(name)
         if op is None:
             raise NotFound(f"no operation {name!r:.60}", hint="ops lists them")
-        writer = store.writer                   # read once: shutdown may clear it
-        if writer is not None and writer.takes(op, args):
-            return writer.run(name, args, caller, now)
         check_identity(store, op, caller, now)
         args = validate(op, {} if args is None else args)
-        if caller.name is not None:
-            store.touch(caller.name, now)
-        return op.handler(store, caller, args, now)
+        writer = store.writer                   # read once: shutdown may clear it
+        if writer is not None and writer.takes(op, args):
+            return writer.run(op, args, caller, now)
+        return perform(store, op, args, caller, now)
+
+
+def perform(store, op, args, caller, now):
+    """Run operation OP for CALLER, who was checked, with ARGS, which were validated."""
+    if caller.name is not None:
+        store.touch(caller.name, now)
+    return op.handler(store, caller, args, now)
+
+
+@contextlib.contextmanager
+def bugs_refused(store, name):
+    """Let AgoraErrors of operation NAME through; make an unexpected exception one: the
+    file's own problem said plainly, else an InternalError with the traceback on stderr."""
+    try:
+        yield
     except AgoraError:
         raise
     except Exception as error:
@@ -3173,11 +3186,12 @@ def call(store, name, args=None, caller=OPERATOR, now=None):
 
 
 class _Request:
-    """One operation waiting for the writer, and (once `done` is released) its outcome.
-    A held lock is the cheapest latch: the asker waits to take it, the writer lets go."""
+    """One checked operation waiting for the writer, and (once `done` is released) its
+    outcome. A held lock is the cheapest latch: the asker waits to take it, the writer
+    lets go."""
 
-    def __init__(self, name, args, caller, now):
-        self.name, self.args, self.caller, self.now = name, args, caller, now
+    def __init__(self, op, args, caller, now):
+        self.op, self.args, self.caller, self.now = op, args, caller, now
         self.done, self.outcome = threading.Lock(), None
         self.done.acquire()
 
@@ -3208,15 +3222,16 @@ class Writer:
         self.thread.start()
 
     def takes(self, op, args):
-        """Answer whether the writer thread should run OP with ARGS for the caller."""
-        return (not op.readonly and not op.prepares
+        """Answer whether the writer thread should run OP with (validated) ARGS."""
+        return (not op.readonly and not op.prepares and not args.get("wait")
                 and threading.current_thread() is not self.thread
-                and self.store.writes.connection() is None
-                and not (isinstance(args, dict) and args.get("wait") not in (None, 0, "0")))
+                and self.store.writes.connection() is None)
 
-    def run(self, name, args, caller, now):
-        """Run operation NAME on the writer thread and answer its Result (or raise)."""
-        request = _Request(name, args, caller, now)
+    def run(self, op, args, caller, now):
+        """Run checked operation OP on the writer thread; answer its Result (or raise).
+        Identity and arguments were checked on the caller's thread: the writer's time,
+        which every write waits for, goes to the work alone."""
+        request = _Request(op, args, caller, now)
         with self.ready:
             if self.stopping:
                 raise StoreError("the server is stopping")
@@ -3248,9 +3263,10 @@ class Writer:
                     while ran < len(turn):
                         for request in turn[ran:]:
                             try:
-                                request.outcome = call(self.store, request.name,
-                                                       request.args, request.caller,
-                                                       request.now)
+                                with bugs_refused(self.store, request.op.name):
+                                    request.outcome = perform(self.store, request.op,
+                                                              request.args, request.caller,
+                                                              request.now)
                             except AgoraError as error:
                                 request.outcome = error
                         ran = len(turn)
