@@ -94,7 +94,7 @@ PATTERN_RULES = {
     PAGE_TOKEN: "a page token this server gave",
 }
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 NEWEST_MESSAGE = "SELECT coalesce(max(id), 0) FROM messages"
 NEWEST_READY = "SELECT value FROM counters WHERE name = 'ready'"
 MARKS = f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})"     # what a waiter watches
@@ -179,8 +179,9 @@ CREATE TABLE note_revisions (
 ) WITHOUT ROWID;
 """
 
-# Full-text indexes over the tables above (external content, kept by triggers).
-# Created only where SQLite has FTS5; search falls back to LIKE elsewhere.
+# Full-text indexes over the tables above (external content, kept by triggers; the
+# messages' by each commit since schema 9). Created only where SQLite has FTS5;
+# search falls back to LIKE elsewhere.
 FTS_SCHEMA = """
 CREATE VIRTUAL TABLE messages_fts USING fts5(body, content='messages', content_rowid='id');
 CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
@@ -311,7 +312,19 @@ CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT RO
 INSERT INTO counters VALUES ('ready', (SELECT coalesce(max(ready_seq), 0) FROM tasks));
 UPDATE tasks SET ready_seq = NULL WHERE status != 'open';
 """,
+    # A commit indexes the messages it adds in one statement (INDEX_MESSAGES) instead
+    # of a trigger's one per insert: FTS5 writes a segment of its index at each
+    # statement that feeds it, and merges them later. 'indexed' is the newest message
+    # id the index holds.
+    8: """
+DROP TRIGGER IF EXISTS messages_fts_insert;
+INSERT INTO counters VALUES ('indexed', (SELECT coalesce(max(id), 0) FROM messages));
+""",
 }
+
+INDEX_MESSAGES = ("INSERT INTO messages_fts (rowid, body) SELECT id, body FROM messages "
+                  "WHERE id > (SELECT value FROM counters WHERE name = 'indexed')")
+INDEXED_UPTO_NEWEST = f"UPDATE counters SET value = ({NEWEST_MESSAGE}) WHERE name = 'indexed'"
 
 ###############################################################################
 # Errors ######################################################################
@@ -624,7 +637,7 @@ class Store:
         # Writers of this process queue here: SQLite's busy handler would make
         # them sleep for milliseconds whenever another thread holds the lock.
         self.writes = GroupCommit(self._acquire, self._release, self._signal,
-                                  self._write_seen)
+                                  self._before_commit)
         self._seen_due, self._seen_lock = {}, threading.Lock()
         self._seen_written = {}
         self._tokens, self._tokens_mark = {}, None
@@ -929,11 +942,15 @@ class Store:
         with self._seen_lock:
             self._seen_due[name] = max(now, self._seen_due.get(name, now))
 
-    def _write_seen(self, db):
+    def _before_commit(self, db):
+        """Finish a write transaction: write the seen times touch holds, and index the
+        messages it added, all in one statement (see INDEX_MESSAGES)."""
         with self._seen_lock:
             due, self._seen_due = self._seen_due, {}
         db.executemany("UPDATE agents SET seen = ? WHERE name = ? AND seen < ?",
                        [(now, name, now) for name, now in due.items()])
+        if self.fts and db.execute(INDEX_MESSAGES).rowcount:
+            db.execute(INDEXED_UPTO_NEWEST)
 
     def close(self):
         """Write what touch still holds, close every connection; later use raises StoreError."""

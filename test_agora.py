@@ -702,6 +702,63 @@ class LikeSearchTest(SearchTest):
         self.assertFalse(self.store.fts)
 
 
+class MessageIndexTest(StoreCase):
+    """Each commit indexes the messages it adds, each once, in one statement."""
+
+    def assert_index_whole(self):
+        """Fail unless the full-text index holds every message and nothing else (FTS5
+        checks an external content index against its table when asked with rank 1), and
+        its mark stands at the newest message, so that no commit indexes one again."""
+        con = sqlite3.connect(self.db, isolation_level=None)
+        try:
+            con.execute("INSERT INTO messages_fts (messages_fts, rank) "
+                        "VALUES ('integrity-check', 1)")
+            self.assertEqual(con.execute(agora.NEWEST_MESSAGE).fetchone(), con.execute(
+                "SELECT value FROM counters WHERE name = 'indexed'").fetchone())
+        finally:
+            con.close()
+
+    def found(self, word):
+        return sorted(hit["id"] for hit in self.ok("search", q=word)["hits"])
+
+    def test_the_posts_of_one_commit_are_found_each_once(self):
+        with self.store.transaction(write=True):        # one commit for them all
+            ids = [self.ok("post", body=f"walrus number {i}")["id"] for i in range(5)]
+        self.assertEqual(self.found("walrus"), ids)
+        self.assertEqual(self.found("number"), ids)
+        self.assert_index_whole()
+
+    def test_what_a_failed_block_posted_is_not_indexed(self):
+        with self.assertRaises(RuntimeError):
+            with self.store.transaction(write=True):
+                self.ok("post", body="walrus undone")
+                raise RuntimeError("the block fails after its post")
+        self.assertEqual(self.found("walrus"), [])
+        kept = self.ok("post", body="walrus kept")["id"]
+        self.assertEqual(self.found("walrus"), [kept])
+        self.assert_index_whole()
+
+    def test_a_file_its_trigger_indexed_is_indexed_by_commits_from_then_on(self):
+        old = self.ok("post", body="walrus from schema 8")["id"]
+        self.store.close()
+        trigger = next(statement for statement in agora.sql_statements(agora.FTS_SCHEMA)
+                       if "messages_fts_insert" in statement)
+        con = sqlite3.connect(self.db, isolation_level=None)   # as schema 8 left a file
+        con.execute("DELETE FROM messages_fts")
+        con.execute("DELETE FROM counters WHERE name = 'indexed'")
+        con.execute(trigger)
+        con.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
+        con.execute("INSERT INTO messages (channel, sender, body, ts) "
+                    "VALUES ('public', 'bob', 'walrus by the trigger', 0)")
+        con.execute("PRAGMA user_version = 8")
+        con.close()
+        self.store = agora.Store(self.db)
+        self.addCleanup(self.store.close)
+        new = self.ok("post", body="walrus from schema 9")["id"]
+        self.assertEqual(self.found("walrus"), [old, old + 1, new])
+        self.assert_index_whole()
+
+
 class TaskTest(StoreCase):
 
     def test_post_task_and_list_views(self):
@@ -1674,6 +1731,9 @@ class WriterTest(ServerCase):
         kept = self.request("GET", "/api/history?channel=public", token=token)[2]["messages"]
         self.assertEqual(kept, [])
         self.assertEqual(self.request("POST", "/api/post", {"body": "saved now"}, token)[0], 200)
+        for word, found in (("lost", []), ("saved", ["[saved] now"])):
+            hits = self.request("POST", "/api/search", {"q": word}, token)[2]["hits"]
+            self.assertEqual([hit["snippet"] for hit in hits], found)
 
     def test_one_failing_request_fails_alone_in_its_turn(self):
         token = self.join("alice")
