@@ -1000,14 +1000,16 @@ class Result:
 
 
 class Operation(namedtuple("Operation",
-                           "name summary schema readonly open hidden prepares handler")):
+                           "name summary schema readonly open hidden own_turn handler")):
     """One catalog entry: every face (REST, MCP, CLI, A2A) is derived from these.
 
     A HIDDEN operation is one a face is built on rather than one it offers: call()
     serves it like any other (identity, validation, touch, refusals), but no face
-    lists it (public_operations). One that PREPARES works out at length, before its
-    write block, what it will write (reserve's overlap checks): it runs on its caller's
-    thread, so that work never holds up a server's writer."""
+    lists it (public_operations). One with its OWN_TURN writes in a turn of its own on
+    its caller's thread, never on a server's writer: reserve, which works out at length
+    before its write block what it will write (its overlap checks), lest that work hold
+    up the writes of others; and join, whose token rotation must hold the token marker
+    until its commit is done (Store.token_rotation)."""
 
     __slots__ = ()
 
@@ -1031,7 +1033,7 @@ CATALOG = {}
 
 
 def operation(name, summary, properties=None, required=(), readonly=False, open=False,
-              hidden=False, prepares=False):
+              hidden=False, own_turn=False):
     """Register the decorated handler as operation NAME in the catalog."""
     schema = {"type": "object", "properties": properties or {},
               "additionalProperties": False}
@@ -1039,7 +1041,7 @@ def operation(name, summary, properties=None, required=(), readonly=False, open=
         schema["required"] = list(required)
 
     def register(handler):
-        CATALOG[name] = Operation(name, summary, schema, readonly, open, hidden, prepares,
+        CATALOG[name] = Operation(name, summary, schema, readonly, open, hidden, own_turn,
                                   handler)
         return handler
     return register
@@ -1620,7 +1622,7 @@ def may_rotate(caller, name):
            "yourself rotates it.",
            {"name": NAME, "about": _string(0, 500, "what you do"),
             "key": _string(0, 200, "the server's join key")},
-           required=["name"], open=True)
+           required=["name"], open=True, own_turn=True)
 def op_join(store, caller, args, now):
     """Register NAME, or rotate its token when the caller may (may_rotate)."""
     import hmac
@@ -2888,7 +2890,7 @@ PATTERNS = {"type": "array", "items": _string(1, 300), "maxItems": MAX_PATTERNS,
             "lease": _integer(1, 86400, "seconds", default=3600),
             "exclusive": {"type": "boolean", "default": True},
             "reason": _string(0, 200, "why, for the others")},
-           required=["paths"], prepares=True)
+           required=["paths"], own_turn=True)
 def op_reserve(store, caller, args, now):
     """Grant every pattern, or none when another agent's live reservation overlaps one.
 
@@ -3225,10 +3227,10 @@ class Writer:
     operation that fails undoes its own savepoints alone and answers its own refusal
     (a bug in it is its 500, and the thread goes on); a commit that fails fails every
     request of the turn; and SQLite's work stays in one thread instead of handing the
-    GIL around among handler threads at every statement. It takes only what cannot
-    wait (takes): a long-poll, or an operation that prepares at length, would hold up
-    every writer behind it, and a block already in a transaction of its own thread must
-    finish there.
+    GIL around among handler threads at every statement. It takes only what it may
+    (takes): not a long-poll, which would hold up every writer behind it, nor an
+    operation with a turn of its own (Operation), nor a block already in a transaction
+    of its own thread, which must finish there.
     """
 
     def __init__(self, store):
@@ -3240,7 +3242,7 @@ class Writer:
 
     def takes(self, op, args):
         """Answer whether the writer thread should run OP with (validated) ARGS."""
-        return (not op.readonly and not op.prepares and not args.get("wait")
+        return (not op.readonly and not op.own_turn and not args.get("wait")
                 and threading.current_thread() is not self.thread
                 and self.store.writes.connection() is None)
 

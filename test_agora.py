@@ -1828,6 +1828,28 @@ class WriterTest(ServerCase):
             reserving.join(30)
         self.assertEqual(answers, [200])
 
+    def test_a_rotation_over_http_is_looked_up_elsewhere_only_once_committed(self):
+        old = self.join("alice")
+        elsewhere = agora.Store(self.store.path)    # another server's, on the same file
+        self.addCleanup(elsewhere.close)
+        self.assertEqual(elsewhere.agent_for_token(old), "alice")
+        looked, looking, before_commit = [], [], self.store.writes.before_commit
+
+        def look_up_before_the_commit(db):
+            self.store.writes.before_commit = before_commit
+            looking.append(threading.Thread(target=lambda: looked.append(
+                elsewhere.agent_for_token(old))))
+            looking[0].start()
+            looking[0].join(0.5)            # it waits for the commit, or looks up now
+            before_commit(db)
+        self.store.writes.before_commit = look_up_before_the_commit
+        status, _, body = self.request("POST", "/api/join", {"name": "alice"}, old)
+        self.assertEqual(status, 200, body)
+        looking[0].join(10)
+        self.assertEqual(looked, [None])    # not the old answer, cached for good
+        self.assertIsNone(elsewhere.agent_for_token(old))
+        self.assertEqual(elsewhere.agent_for_token(body["token"]), "alice")
+
     def test_a_request_outwaited_by_its_client_is_still_done(self):
         token = self.join("alice")
         self.store.writes.lock.acquire()
