@@ -65,6 +65,7 @@ DEDUP_SECONDS = 10          # an identical post within this many seconds is a re
 MAX_WAIT = 60               # seconds one long-poll (read wait=...) may block
 SEEN_THROTTLE = 10          # seconds between two writes of an agent's "seen"
 WAIT_POLL = 0.05            # how often the watcher looks for another process's commit
+TOKEN_LOOK = 0.005          # seconds one look at the token marker serves a process
 MAX_LONG_POLLS = 16         # long-polls (read/news wait) one agent may have at a time
 SYSTEM_SENDER = "agora"     # the board's own voice; nobody can join as it
 TOP_OPEN_TASKS = 3
@@ -640,7 +641,7 @@ class Store:
                                   self._before_commit)
         self._seen_due, self._seen_lock = {}, threading.Lock()
         self._seen_written = {}
-        self._tokens, self._tokens_mark = {}, None
+        self._tokens, self._tokens_mark, self._tokens_looked = {}, None, -TOKEN_LOOK
         self.token_marker = os.path.realpath(path) + "-tokens"
         self.writer = None          # a server's Writer: its writes run on that one thread
         self._closed = False
@@ -870,17 +871,23 @@ class Store:
         Names are cached by token hash. Every rotation, in any process on the
         file, grows the file's token marker by a byte (token_rotation), and a
         marker that is not as it was empties the cache once that rotation is
-        committed: a rotated token stops working at the very next request, and
-        a lookup costs a stat().
+        committed. One look at the marker (a stat(), which lets the other threads
+        run, the dearest step of a request under load) serves the process for
+        TOKEN_LOOK seconds from just before it, and a rotation is answered only
+        once twice that has passed since its marker grew: so a rotated token
+        stops working at the very next request after the rotation is answered.
         """
-        try:
-            stat = os.stat(self.token_marker)
-            mark = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        except OSError:
-            mark = None
-        if mark != self._tokens_mark:
-            self._rotations_done()
-            self._tokens, self._tokens_mark = {}, mark
+        looked = time.monotonic()
+        if looked - self._tokens_looked >= TOKEN_LOOK:
+            try:
+                stat = os.stat(self.token_marker)
+                mark = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            except OSError:
+                mark = None
+            if mark != self._tokens_mark:
+                self._rotations_done()
+                self._tokens, self._tokens_mark = {}, mark
+            self._tokens_looked = looked
         cache = self._tokens    # a lookup that raced a join lands in a cache dropped since
         key = hash_token(token)
         name = cache.get(key)
@@ -900,6 +907,8 @@ class Store:
         cannot write it fails with nothing changed; and it stays locked until the
         commit is done, so a server that saw it grow looks tokens up again only
         once the rotation is on disk. (Where there is no flock, only the first holds.)
+        It returns only once every look at the marker taken before it grew is out of
+        date (agent_for_token).
         """
         try:
             marker = os.open(self.token_marker, os.O_WRONLY | os.O_APPEND | os.O_CREAT
@@ -918,6 +927,7 @@ class Store:
             yield
         finally:
             os.close(marker)
+        time.sleep(2 * TOKEN_LOOK)
 
     def _rotations_done(self):
         """Wait until no rotation holds the token marker (see token_rotation)."""

@@ -1837,6 +1837,7 @@ class WriterTest(ServerCase):
 
         def look_up_before_the_commit(db):
             self.store.writes.before_commit = before_commit
+            time.sleep(agora.TOKEN_LOOK)            # its last look is out of date
             looking.append(threading.Thread(target=lambda: looked.append(
                 elsewhere.agent_for_token(old))))
             looking[0].start()
@@ -4060,6 +4061,17 @@ class IdentityNeverMovesTest(StoreCase):
         self.assertTrue(result["isError"])
         self.assertIn("taken", result["content"][0]["text"])
 
+    def test_a_rotation_elsewhere_is_seen_at_once_once_it_is_answered(self):
+        old = self.ok("join", who=None, name="bob")["token"]
+        elsewhere = agora.Store(self.db)        # a server of another process, as it were
+        self.addCleanup(elsewhere.close)
+        original, agora.TOKEN_LOOK = agora.TOKEN_LOOK, 0.25    # a look serves for long
+        self.addCleanup(setattr, agora, "TOKEN_LOOK", original)
+        self.assertEqual(elsewhere.agent_for_token(old), "bob")        # it looks now
+        new = self.ok("join", who=None, name="bob")["token"]            # and bob rotates
+        self.assertIsNone(elsewhere.agent_for_token(old))
+        self.assertEqual(elsewhere.agent_for_token(new), "bob")
+
     def test_a_rotation_that_cannot_write_the_marker_changes_nothing(self):
         old = self.ok("join", who=None, name="bob")["token"]
         self.assertFalse(os.path.exists(self.store.token_marker))   # a join makes none
@@ -4077,6 +4089,7 @@ class IdentityNeverMovesTest(StoreCase):
             fcntl.flock(marker, fcntl.LOCK_EX)          # a rotation under way elsewhere
             marker.write(b".")
             marker.flush()
+            time.sleep(agora.TOKEN_LOOK)                # the last look is out of date
             looked = []
             thread = threading.Thread(target=lambda: looked.append(
                 self.store.agent_for_token(token)))
