@@ -66,6 +66,7 @@ MAX_WAIT = 60               # seconds one long-poll (read wait=...) may block
 SEEN_THROTTLE = 10          # seconds between two writes of an agent's "seen"
 WAIT_POLL = 0.05            # how often the watcher looks for another process's commit
 TOKEN_LOOK = 0.005          # seconds one look at the token marker serves a process
+SWITCH_INTERVAL = 0.001     # seconds a server thread holds the GIL while others wait
 MAX_LONG_POLLS = 16         # long-polls (read/news wait) one agent may have at a time
 SYSTEM_SENDER = "agora"     # the board's own voice; nobody can join as it
 TOP_OPEN_TASKS = 3
@@ -4570,6 +4571,10 @@ def serve(store, host, port, **options):
     OPTIONS are make_server's.
     """
     import signal
+    # A thread that computes at length (a reserve's overlap checks, a wide search) hands
+    # the GIL on within a millisecond rather than Python's five, so each step of the
+    # other requests (the writer's statements, a handler's parse) waits that much less.
+    sys.setswitchinterval(SWITCH_INTERVAL)
     server = make_server(store, host, port, **options)
     shown = f"[{host.strip('[]')}]" if ":" in host else host
 
