@@ -955,7 +955,7 @@ class Store:
 
     def _before_commit(self, db):
         """Finish a write transaction: write the seen times touch holds, and index the
-        messages it added, all in one statement (see INDEX_MESSAGES)."""
+        messages it added, all of them in one statement (INDEX_MESSAGES)."""
         with self._seen_lock:
             due, self._seen_due = self._seen_due, {}
         db.executemany("UPDATE agents SET seen = ? WHERE name = ? AND seen < ?",
