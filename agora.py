@@ -642,7 +642,7 @@ class Store:
                                   self._before_commit)
         self._seen_due, self._seen_lock = {}, threading.Lock()
         self._seen_written = {}
-        self._tokens, self._tokens_mark, self._tokens_looked = {}, None, -TOKEN_LOOK
+        self._tokens, self._tokens_mark, self._tokens_looked = {}, None, float("-inf")
         self.token_marker = os.path.realpath(path) + "-tokens"
         self.writer = None          # a server's Writer: its writes run on that one thread
         self._closed = False

@@ -1833,20 +1833,19 @@ class WriterTest(ServerCase):
         elsewhere = agora.Store(self.store.path)    # another server's, on the same file
         self.addCleanup(elsewhere.close)
         self.assertEqual(elsewhere.agent_for_token(old), "alice")
-        looked, looking, before_commit = [], [], self.store.writes.before_commit
+        looked, before_commit = [], self.store.writes.before_commit
+        looking = threading.Thread(target=lambda: looked.append(elsewhere.agent_for_token(old)))
 
         def look_up_before_the_commit(db):
             self.store.writes.before_commit = before_commit
             time.sleep(agora.TOKEN_LOOK)            # its last look is out of date
-            looking.append(threading.Thread(target=lambda: looked.append(
-                elsewhere.agent_for_token(old))))
-            looking[0].start()
-            looking[0].join(0.5)            # it waits for the commit, or looks up now
+            looking.start()
+            looking.join(0.5)               # it waits for the commit, or looks up now
             before_commit(db)
         self.store.writes.before_commit = look_up_before_the_commit
         status, _, body = self.request("POST", "/api/join", {"name": "alice"}, old)
         self.assertEqual(status, 200, body)
-        looking[0].join(10)
+        looking.join(10)
         self.assertEqual(looked, [None])    # not the old answer, cached for good
         self.assertIsNone(elsewhere.agent_for_token(old))
         self.assertEqual(elsewhere.agent_for_token(body["token"]), "alice")
