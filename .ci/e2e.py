@@ -74,6 +74,8 @@ def session(page, url, db, you, bot, problems):
     page.fill("#token", you)
     page.click("#signin-form button")
     page.wait_for_selector("#who:has-text('signed in as you')")
+    # The title is set once the channel list has come back, a moment after the name.
+    until(page, "document.querySelector('#channel-title').textContent === '#public'")
     check("signing in with a token shows the channels",
           page.is_visible("#tab-channels") and "#public" in page.inner_text("#channel-title"))
     check("the token is kept in sessionStorage",
@@ -133,6 +135,8 @@ def session(page, url, db, you, bot, problems):
     check("a waiting task shows what it waits for, and no Claim button",
           f"waits for #{task}" in waiting.inner_text()
           and waiting.query_selector("button:has-text('Claim')") is None)
+    # The reservations are asked for once the board is drawn.
+    until(page, "document.querySelector('#reservations').textContent.includes('parser rewrite')")
     check("the project's reservations show who holds which paths",
           "src/parser/** bot (exclusive" in page.inner_text("#reservations")
           and "parser rewrite" in page.inner_text("#reservations"))
