@@ -324,8 +324,9 @@ INSERT INTO counters VALUES ('indexed', (SELECT coalesce(max(id), 0) FROM messag
 """,
 }
 
+INDEXED = "SELECT value FROM counters WHERE name = 'indexed'"   # the newest id indexed
 INDEX_MESSAGES = ("INSERT INTO messages_fts (rowid, body) SELECT id, body FROM messages "
-                  "WHERE id > (SELECT value FROM counters WHERE name = 'indexed')")
+                  f"WHERE id > ({INDEXED})")
 INDEXED_UPTO_NEWEST = f"UPDATE counters SET value = ({NEWEST_MESSAGE}) WHERE name = 'indexed'"
 
 ###############################################################################
@@ -3279,6 +3280,16 @@ class Writer:
             del self.queue[:most]
         return taken
 
+    def _perform(self, request):
+        """Run one request in the open turn: its Result, its refusal or its bug's 500 is
+        its outcome, and the turn goes on."""
+        try:
+            with bugs_refused(self.store, request.op.name):
+                request.outcome = perform(self.store, request.op, request.args,
+                                          request.caller, request.now)
+        except AgoraError as error:
+            request.outcome = error
+
     def _serve(self):
         while True:
             with self.ready:
@@ -3292,13 +3303,7 @@ class Writer:
                     ran = 0
                     while ran < len(turn):
                         for request in turn[ran:]:
-                            try:
-                                with bugs_refused(self.store, request.op.name):
-                                    request.outcome = perform(self.store, request.op,
-                                                              request.args, request.caller,
-                                                              request.now)
-                            except AgoraError as error:
-                                request.outcome = error
+                            self._perform(request)
                         ran = len(turn)
                         turn += self._take(GROUP_COMMIT_MAX - len(turn))
             except AgoraError as error:         # the commit failed: none of it stands

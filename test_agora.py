@@ -713,8 +713,8 @@ class MessageIndexTest(StoreCase):
         try:
             con.execute("INSERT INTO messages_fts (messages_fts, rank) "
                         "VALUES ('integrity-check', 1)")
-            self.assertEqual(con.execute(agora.NEWEST_MESSAGE).fetchone(), con.execute(
-                "SELECT value FROM counters WHERE name = 'indexed'").fetchone())
+            self.assertEqual(con.execute(agora.NEWEST_MESSAGE).fetchone(),
+                             con.execute(agora.INDEXED).fetchone())
         finally:
             con.close()
 
