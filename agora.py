@@ -41,13 +41,20 @@ The file, top to bottom (each part builds only on what comes before it):
     Web                    the page's HTML, CSS and script (inert data)
 """
 
+import sys
+
+# Run as a script (python3 agora.py), Python puts the file's own folder first on
+# sys.path, where a json.py beside a copy of agora in a shared folder would be imported
+# in place of the standard library's. Nothing agora imports lives there.
+if __name__ == "__main__" and not (sys.flags.isolated or getattr(sys.flags, "safe_path", 0)):
+    del sys.path[0]
+
 import contextlib
 import hashlib
 import json
 import os
 import re
 import sqlite3
-import sys
 import threading
 import time
 from collections import namedtuple
@@ -4186,6 +4193,18 @@ def find_route(path):
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")     # a token, no space before ':'
 
 
+# What a request's head may not hold: a CR that ends no line, or a NUL. A reader in
+# front that splits lines on a bare CR (the email package did) would see another request.
+HEAD_CONTROLS = re.compile("[\r\0]")
+
+
+def head_line(raw):
+    """Answer a line of a request's head as text, without its line end (CRLF, or LF)."""
+    text = raw.decode("iso-8859-1")
+    text = text[:-1] if text.endswith("\n") else text
+    return text[:-1] if text.endswith("\r") else text
+
+
 class Headers:
     """A request's header fields as RequestHandler reads them: in the order sent, looked
     up without regard to case (get answers the first of a name, get_all every one)."""
@@ -4249,9 +4268,12 @@ class RequestHandler:
         which http.server uses, costs a small request a third of its time."""
         self.server.watch(self.connection, self.server.request_timeout)
         self.command, self.request_version, self.close_connection = None, "HTTP/0.9", True
-        self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        self.requestline = head_line(self.raw_requestline)
         words = self.requestline.split()
         if not words:
+            return False
+        if HEAD_CONTROLS.search(self.requestline):
+            self.send_error(400, "Bad request line: a bare CR or a NUL")
             return False
         version = re.fullmatch(r"HTTP/([0-9]{1,10})\.([0-9]{1,10})", words[-1])
         if len(words) == 3 and not version:
@@ -4279,8 +4301,11 @@ class RequestHandler:
             if line in (b"\r\n", b"\n", b""):
                 break
             size += len(line)
-            text = line.decode("iso-8859-1").rstrip("\r\n")
+            text = head_line(line)
             name, colon, value = text.partition(":")
+            if HEAD_CONTROLS.search(text):
+                self.send_error(400, "Bad header line: a bare CR or a NUL")
+                return False
             if text[:1] in (" ", "\t") and fields:       # a folded line goes on the last
                 fields[-1] = (fields[-1][0], f"{fields[-1][1]} {text.strip()}")
             elif colon and HEADER_NAME.fullmatch(name):
@@ -4291,6 +4316,12 @@ class RequestHandler:
         self.headers = Headers(fields)
         if len(set(self.headers.get_all("Content-Length", []))) > 1:
             self.send_error(400, "Content-Length is given twice, differently")
+            return False
+        if len(self.headers.get_all("Host", [])) > 1:
+            self.send_error(400, "Host is given twice")
+            return False
+        if "" in (value.strip() for value in self.headers.get_all("Transfer-Encoding", [])):
+            self.send_error(400, "Transfer-Encoding is empty")
             return False
         connection = self.headers.get("Connection", "").lower()
         if connection in ("close", "keep-alive"):
@@ -4830,11 +4861,13 @@ def _command_word(argv):
     return None
 
 
-CLI_COMMANDS = ("serve", "stdio", "wait", "hook", "guard", "ops", "backup", "check")
+CLI_COMMANDS = ("serve", "stdio", "wait", "hook", "guard", "ops", "backup", "check",
+                "install")
 HOOK_EVENTS = ("session-start", "prompt", "stop", "wake")
 HOOK_CLIENTS = ("claude", "codex", "gemini", "cursor")
 HOOK_TIMEOUT = 5            # seconds a hook may spend talking to agora: it runs on every prompt
 WAKE_TIMEOUT = 86400        # seconds hook wake waits for news, by default: past a night
+DEFAULT_BIN = "~/.local/bin"    # where install writes the agora command
 
 
 def _build_parser(command=None, argv=()):
@@ -4952,6 +4985,11 @@ def _build_parser(command=None, argv=()):
     if wanted("check"):
         commands.add_parser("check", parents=[common],
                             help="check the file's integrity; say its schema and counts")
+    if wanted("install"):
+        install_parser = commands.add_parser(
+            "install", help="write the agora command: this command line, started quickly")
+        install_parser.add_argument("folder", nargs="?", metavar="DIR",
+                                    help=f"where to write it (default {DEFAULT_BIN})")
     identity = argparse.ArgumentParser(add_help=False)
     identity.add_argument("--as", dest="as_name", metavar="NAME",
                           help="act as this agent on the local file (default $AGORA_AS)")
@@ -5087,6 +5125,135 @@ def _written_identity(options):
     return ["--as", options.as_name] + (["--db", os.path.abspath(db)] if db else [])
 
 
+# Code agora runs: the launcher, its bytecode cache, the installed command -----
+
+BYTECODE_CACHE = "~/.agora/cache"      # the one place agora's bytecode is read from
+
+# The program every command agora writes or starts runs (python -I -S -c LAUNCHER FILE
+# WORDS...): it loads the agora FILE by its path as module agora and runs its main with
+# the WORDS. -I keeps the current folder and the file's own folder off sys.path and every
+# PYTHON* variable out; -S leaves out site packages: agora and the standard library alone
+# run, whatever the project holds. Bytecode is read from BYTECODE_CACHE, as
+# sys.pycache_prefix, only while that folder is the user's and nobody else's (the test
+# private_cache makes too); otherwise the source is compiled and no bytecode is read.
+LAUNCHER = (
+    f'import os,sys;p=sys.argv[1];c=os.path.expanduser("{BYTECODE_CACHE}");'
+    's=os.stat(c) if os.path.isdir(c) else None;'
+    'own=s and hasattr(os,"getuid") and s.st_uid==os.getuid() and not s.st_mode&0o77;'
+    'm=sys.modules["agora"]=type(sys)("agora");m.__file__=p;'
+    'sys.pycache_prefix=c if own else None;'
+    '__import__("importlib.machinery").machinery.SourceFileLoader("agora",p).exec_module(m) '
+    'if own else exec(compile(open(p,"rb").read(),p,"exec"),vars(m));'
+    'sys.exit(m.main(sys.argv[2:]))')
+
+
+def agora_argv(*words):
+    """Answer the command line that runs `agora WORDS...` as agora writes and starts it
+    (hooks, the guard, the installed command, serve and stdio): isolated, through
+    LAUNCHER. The file's path stays in the command line, for ps and pkill -f."""
+    return [sys.executable, "-I", "-S", "-c", LAUNCHER, os.path.abspath(__file__), *words]
+
+
+def shell_words(argv):
+    """Answer ARGV as one shell command line."""
+    import shlex
+    return " ".join(shlex.quote(word) for word in argv)
+
+
+def private_cache():
+    """Answer the folder of agora's bytecode cache, made private (0700) when it was not
+    there; None when it cannot be made, or when it is not the user's alone (LAUNCHER's
+    own test): a cache another user can write would let them choose the code that runs."""
+    folder = os.path.expanduser(BYTECODE_CACHE)
+    try:
+        os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)     # ~/.agora
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        found = os.stat(folder)
+    except OSError:
+        return None
+    if not hasattr(os, "getuid") or found.st_uid != os.getuid() or found.st_mode & 0o77:
+        return None
+    return folder
+
+
+def cache_bytecode():
+    """Compile agora into its private bytecode cache unless it is there already, sparing
+    the next launch that work (PYTHONDONTWRITEBYTECODE, which these machines set, does not
+    reach the launcher's isolated Python, but a hook's first run should be quick too).
+    Answer whether the cache can serve agora."""
+    import importlib.util
+    import py_compile
+    folder = private_cache()
+    if folder is None:
+        return False
+    source = os.path.abspath(__file__)
+    prefix, sys.pycache_prefix = sys.pycache_prefix, folder
+    try:
+        cache = importlib.util.cache_from_source(source)
+    finally:
+        sys.pycache_prefix = prefix
+    try:
+        fresh = os.path.getmtime(cache) >= os.path.getmtime(source)
+    except OSError:
+        fresh = False
+    try:
+        fresh or py_compile.compile(source, cfile=cache, doraise=True)
+    except (OSError, py_compile.PyCompileError):
+        return False
+    return True
+
+
+LONG_LIVED = ("serve", "stdio")     # commands whose process outlives its start
+
+
+def _restart_from_bytecode(argv):
+    """Run this command again, in this same process, through the launcher: isolated, with
+    agora from its bytecode cache. A script is compiled whole on every start, and what the
+    compiler leaves behind stays resident for the process's life (some 14 MB of a 39 MB
+    server); a long-lived command should not carry that. Nothing happens when agora runs
+    as the launcher's module already, where exec is not the same process (Windows), or
+    when there is no private cache."""
+    if __name__ != "__main__" or os.name != "posix" or not cache_bytecode():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, agora_argv(*argv))
+
+
+INSTALL_MARK = "# agora command:"
+
+
+def _install_command(options):
+    """Write the `agora` command into a folder (default ~/.local/bin): a shell script that
+    runs this file's command line through the launcher, isolated and from the bytecode
+    cache, for cron jobs and agents that call the CLI. A file there that is not agora's
+    command, or that is this very agora file, is left untouched."""
+    source = os.path.abspath(__file__)
+    folder = os.path.abspath(os.path.expanduser(options.folder or DEFAULT_BIN))
+    target = os.path.join(folder, "agora")
+    if os.path.isdir(target):
+        raise Conflict(f"{target} is a folder; left untouched")
+    if os.path.exists(target):
+        if os.path.samefile(target, source):
+            raise Conflict(f"{target} is this agora file itself; the command would replace "
+                           "it", hint="install into another folder: agora.py install DIR")
+        with open(target, encoding="utf-8", errors="replace") as f:
+            if INSTALL_MARK not in f.read(4096):
+                raise Conflict(f"{target} exists and is not agora's command; left untouched")
+    if not cache_bytecode():
+        print(f"agora: {BYTECODE_CACHE} is not a folder of yours alone: the command compiles "
+              "agora on every run", file=sys.stderr)
+    write_file(target, f"""#!/bin/sh
+{INSTALL_MARK} the command line of {source}, started quickly and safely.
+# Written by agora.py install; run it again after moving that file.
+exec {shell_words(agora_argv())} "$@"
+""", executable=True)
+    on_path = folder in os.environ.get("PATH", "").split(os.pathsep)
+    print(f"agora: {target} runs {source}"
+          + ("" if on_path else f" ({folder} is not on PATH: call it by its full path)"))
+    return 0
+
+
 # Keeping the file: backup and check ------------------------------------------
 
 def file_summary(db):
@@ -5106,43 +5273,76 @@ def _existing_file(options):
     return path
 
 
+# The files SQLite keeps beside a database: a stale one left there would be read as the
+# database's own the next time it is opened.
+SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def _backup_target(source, path, force):
+    """Answer the absolute path a backup of SOURCE may be written to, or refuse in one line:
+    an existing file unless FORCE, and never a folder, a missing folder, or the live file
+    or one SQLite keeps beside it, however spelled (a link, dir/./agora.db)."""
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise NotFound(f"no folder {folder} to write the backup in")
+    if os.path.isdir(target):
+        raise Conflict(f"{path} is a folder; a backup is one file", hint="name a file in it")
+    for suffix in ("",) + SIDE_FILES + ("-tokens",):
+        live = source + suffix
+        same = os.path.realpath(target) == os.path.realpath(live)
+        with contextlib.suppress(OSError):
+            same = same or os.path.samefile(target, live)
+        if same:
+            what = f"the {suffix} of the live file" if suffix else "the live file"
+            raise Conflict(f"{path} is {what} {source}; a backup never replaces it",
+                           hint="write the backup somewhere else")
+    if os.path.lexists(target) and not force:
+        raise Conflict(f"{path} exists; a backup writes a new file", hint="--force replaces it")
+    return target
+
+
 def _backup_command(options):
     """Copy the live file to PATH as it stood at one moment, while others go on writing.
 
     SQLite's online backup copies it in steps inside one read transaction: in WAL a
     reader holds up no writer, and each step sees the same snapshot, so the copy is
     whole and consistent. It is written beside PATH under a temp name, synced, then
-    renamed into place: a backup that fails leaves no half file.
+    renamed into place: a backup that fails leaves no half file. The copy stands alone:
+    whatever -wal, -shm or -journal was left beside PATH goes before it arrives.
     """
     import tempfile
-    source = _existing_file(options)
-    target = os.path.abspath(options.path)
-    if os.path.lexists(target) and not options.force:
-        raise Conflict(f"{options.path} exists; a backup writes a new file",
-                       hint="--force replaces it")
+    source = os.path.abspath(_existing_file(options))
+    target = _backup_target(source, options.path, options.force)
     store = Store(source)
-    handle, temp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".agora-backup-")
-    os.close(handle)
     try:
-        copy = sqlite3.connect(temp, isolation_level=None)
+        handle, temp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".agora-backup-")
+        os.close(handle)
         try:
-            with store.autocommit() as db:
-                db.execute("BEGIN")
-                try:
-                    db.execute("SELECT count(*) FROM agents").fetchone()   # the moment
-                    db.backup(copy, pages=1024)
-                finally:
-                    db.execute("COMMIT")
-            summary = file_summary(copy)
-        finally:
-            copy.close()
-        with open(temp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temp)
-        raise
+            copy = sqlite3.connect(temp, isolation_level=None)
+            try:
+                with store.autocommit() as db:
+                    db.execute("BEGIN")
+                    try:
+                        db.execute("SELECT count(*) FROM agents").fetchone()   # the moment
+                        db.backup(copy, pages=1024)
+                    finally:
+                        db.execute("COMMIT")
+                summary = file_summary(copy)
+            finally:
+                copy.close()
+            with open(temp, "rb+") as f:
+                os.fsync(f.fileno())
+            for suffix in SIDE_FILES:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(target + suffix)
+            os.replace(temp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+            raise
+    except OSError as error:
+        raise StoreError(f"the backup to {target} failed: {error.strerror or error}") from None
     finally:
         store.close()
     print(f"backed up {source} to {target}: {_size_text(os.path.getsize(target))}, {summary}")
@@ -5193,11 +5393,9 @@ def for_model(text):
 def read_command(link):
     """Answer the shell command that takes LINK's agent's messages, for a model that has
     hooks but not agora's MCP tools."""
-    import shlex
     where = (["--url", link.url] if link.url else
              ["--as", link.name, "--db", os.path.abspath(link.store.path)])
-    return " ".join(shlex.quote(word) for word in [sys.executable, os.path.abspath(__file__),
-                                                    "read", *where])
+    return shell_words([sys.executable, os.path.abspath(__file__), "read", *where])
 
 
 def news_facts(body, link):
@@ -5283,12 +5481,15 @@ def hook_json(event, client, text):
     Claude Code, Codex and Gemini CLI add a SessionStart or prompt hook's
     additionalContext to the model's context; a Stop hook's block (Gemini:
     deny) makes the agent go on with the reason; Cursor's stop hook sends a
-    follow-up message and its other hooks cannot add text.
+    follow-up message and its other hooks cannot add text. Copilot CLI takes
+    additionalContext at the top level (hookSpecificOutput it drops).
     """
     if client == "cursor":
         return {"followup_message": text} if event == "stop" else None
     if event == "stop":
         return {"decision": "deny" if client == "gemini" else "block", "reason": text}
+    if client == "copilot":
+        return {"additionalContext": text}
     name = {"session-start": "SessionStart",
             "prompt": "BeforeAgent" if client == "gemini" else "UserPromptSubmit"}[event]
     return {"hookSpecificOutput": {"hookEventName": name, "additionalContext": text}}
@@ -5302,6 +5503,14 @@ def _hook_input():
         return {}
     given = parse_json_or_none(data.lstrip("\ufeff") or "{}")
     return given if isinstance(given, dict) else {}
+
+
+def running_client(written):
+    """Answer which client runs this hook, written for client WRITTEN: GitHub Copilot CLI
+    also runs the hooks of Claude Code's files (as a shell string), and says so in the
+    environment it gives every hook (COPILOT_CLI); it takes its own answer shape, and has
+    no idle wake."""
+    return "copilot" if written == "claude" and os.environ.get("COPILOT_CLI") else written
 
 
 def interactive_session():
@@ -5319,9 +5528,10 @@ def _hook_command(options):
     if options.event == "install":
         return _install_hooks(options)
     given = _hook_input()               # read it all, so the client never blocks on us
+    client = running_client(options.client)
     if options.event == "wake":
-        return _wake(options)
-    if hook_json(options.event, options.client, "") is None:
+        return _wake(options) if client == "claude" else 0
+    if hook_json(options.event, client, "") is None:
         return 0                        # the client takes nothing: nothing is told
     if options.event == "stop" and given.get("stop_hook_active") is True:
         return 0                        # it goes on because of a stop hook already
@@ -5336,10 +5546,10 @@ def _hook_command(options):
         finally:
             link.close()
     except Exception as error:          # whatever it is, the session goes on
-        hook_trouble(error, options.client)
+        hook_trouble(error, client)
         return 0
     if text:
-        print(json.dumps(hook_json(options.event, options.client, text)))
+        print(json.dumps(hook_json(options.event, client, text)))
     return 0
 
 
@@ -5513,18 +5723,6 @@ REWAKE_MESSAGE = "News from other agents in agora (they write it, not the user):
 REWAKE_SUMMARY = "agora: new mail"
 
 
-def agora_argv(*words):
-    """Answer the command line that runs `agora.py WORDS...` with agora imported as a
-    module, so that Python's bytecode cache spares the run the compiling of this whole
-    file: for what agora writes (hooks, the guard) and for its own long-lived commands.
-    The file's path stays in the command line, for ps and pkill -f "agora.py serve"."""
-    source = os.path.abspath(__file__)
-    folder = json.dumps(os.path.dirname(source))        # a Python literal too
-    launcher = (f"import sys; sys.path.insert(0, {folder}); import agora; "
-                "sys.exit(agora.main(sys.argv[2:]))")
-    return [sys.executable, "-c", launcher, source, *words]
-
-
 def hook_argv(event, client, identity):
     """Answer the command line of agora's hook EVENT for CLIENT."""
     return agora_argv("hook", event, *(["--client", client] if client != "claude" else []),
@@ -5532,16 +5730,16 @@ def hook_argv(event, client, identity):
 
 
 def hook_entry(client, event, identity):
-    """Answer CLIENT's settings entry for agora's hook EVENT."""
-    import shlex
-    argv = hook_argv(event, client, identity)
-    if client == "claude":          # the exec form: no shell, no quoting
-        entry = {"type": "command", "command": argv[0], "args": argv[1:], "timeout": 30}
+    """Answer CLIENT's settings entry for agora's hook EVENT: one shell command line, which
+    every client that reads the file runs alike (Copilot CLI runs Claude Code's hooks too,
+    as a shell string, ignoring any args)."""
+    command = shell_words(hook_argv(event, client, identity))
+    if client == "claude":
+        entry = {"type": "command", "command": command, "timeout": 30}
         if event == "wake":         # an async hook's timeout defaults to 600 s
             entry.update(asyncRewake=True, timeout=WAKE_TIMEOUT + 60,
                          rewakeMessage=REWAKE_MESSAGE, rewakeSummary=REWAKE_SUMMARY)
         return entry
-    command = " ".join(shlex.quote(word) for word in argv)
     if client == "cursor":
         return {"command": command, "loop_limit": 5}
     return {"type": "command", "command": command,
@@ -5562,12 +5760,12 @@ def is_agora_hook(entry):
         except (TypeError, ValueError):
             return False
     for at, word in enumerate(argv[:-1]):
-        after = argv[at + 1:]
-        # `agora.py hook`, as agora_argv writes it, or its launcher alone before hook, as
-        # it was first written
-        if isinstance(word, str) and (os.path.basename(word) == "agora.py" and after[:1] == ["hook"]
-                                      or word == "-c" and "import agora" in str(after[0])
-                                      and after[1:2] == ["hook"]):
+        after = [str(word) for word in argv[at + 1:]]
+        # the file run as a script before `hook`, or a launcher of agora (-c and its code;
+        # the file after it, as agora_argv writes it, or hook at once, as first written)
+        if (isinstance(word, str) and os.path.basename(word) in ("agora.py", "agora")
+                and after[:1] == ["hook"]
+                or word == "-c" and "agora" in after[0] and "hook" in after[1:3]):
             return True
     return False
 
@@ -5601,16 +5799,6 @@ def merged_hooks(client, settings, identity):
     return settings
 
 
-def _cache_bytecode():
-    """Compile agora into Python's bytecode cache, which the written hooks then read
-    (also where $PYTHONDONTWRITEBYTECODE keeps Python from writing it itself)."""
-    import importlib.util
-    import py_compile
-    source = os.path.abspath(__file__)
-    with contextlib.suppress(OSError, py_compile.PyCompileError):
-        py_compile.compile(source, cfile=importlib.util.cache_from_source(source), doraise=True)
-
-
 def _install_hooks(options):
     """Merge agora's hooks into a client's settings file, keeping everything else."""
     client = options.target
@@ -5635,7 +5823,7 @@ def _install_hooks(options):
         raise Conflict(f"{path} is not a JSON object of settings with lists of hooks; "
                        "left untouched")
     write_file(path, json.dumps(merged, indent=2, ensure_ascii=False) + "\n")
-    _cache_bytecode()
+    cache_bytecode()
     events = ", ".join(dict.fromkeys(event for event, _ in CLIENT_HOOKS[client]))
     print(f"agora hooks for {client} in {path}: {events} ({' '.join(identity)})")
     step = HOOK_TRUST_STEPS.get(client)
@@ -5720,7 +5908,6 @@ def _guard_install(options):
     It first asks agora about the project as the hook will, so an identity or project
     that agora refuses is said now, not at the first commit.
     """
-    import shlex
     try:
         top = _git("rev-parse", "--show-toplevel").strip()
     except OSError as error:
@@ -5747,14 +5934,14 @@ def _guard_install(options):
             if os.path.lexists(before):
                 raise Conflict(f"{hook} and {before} both exist; left untouched")
             os.replace(hook, before)
-    command = " ".join(shlex.quote(word) for word in agora_argv("guard", *identity))
+    command = shell_words(agora_argv("guard", *identity))
     write_file(hook, f"""#!/bin/sh
 {GUARD_MARK} refuse a commit that touches paths another agent reserved.
 # Written by agora.py guard install; the hook that was here before runs first.
 if [ -x "$0.before-agora" ]; then "$0.before-agora" "$@" || exit $?; fi
 exec {command}
 """, executable=True)
-    _cache_bytecode()
+    cache_bytecode()
     kept = " (the hook that was there runs first)" if os.path.exists(before) else ""
     print(f"agora guard: {hook}{kept}")
     return 0
@@ -5794,32 +5981,6 @@ def _serve_command(options):
         store.close()
 
 
-LONG_LIVED = ("serve", "stdio")     # commands whose process outlives its start
-
-
-def _restart_from_bytecode(argv):
-    """Run this command again, in this same process, with agora imported from Python's
-    bytecode cache. A script is compiled whole on every start, and what the compiler
-    leaves behind stays resident for the process's life (some 14 MB of a 39 MB server);
-    a long-lived command should not carry that. Nothing happens where exec is not the
-    same process (Windows), or when the cache cannot be written."""
-    import importlib.util
-    if __name__ != "__main__" or os.name != "posix":
-        return
-    source = os.path.abspath(__file__)
-    cache = importlib.util.cache_from_source(source)
-    try:
-        fresh = os.stat(cache).st_mtime >= os.stat(source).st_mtime
-    except OSError:
-        fresh = False
-    if not fresh:
-        _cache_bytecode()
-    if os.path.exists(cache):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execv(sys.executable, agora_argv(*argv))
-
-
 def main(argv=None):
     """Run the command line; answer the exit status (0 ok, 1 refused, 2 usage).
 
@@ -5846,6 +6007,8 @@ def main(argv=None):
             return _backup_command(options)
         if options.command == "check":
             return _check_command(options)
+        if options.command == "install":
+            return _install_command(options)
         if options.command == "wait":
             return _wait_command(options)
         if options.command == "hook":

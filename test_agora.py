@@ -78,6 +78,16 @@ def read_line(stream, seconds=30):
     return got[0]
 
 
+def cached_bytecode(home, source):
+    """Answer where agora's launcher reads SOURCE's bytecode for a user whose home is HOME."""
+    import importlib.util
+    prefix, sys.pycache_prefix = sys.pycache_prefix, os.path.join(home, ".agora", "cache")
+    try:
+        return importlib.util.cache_from_source(source)
+    finally:
+        sys.pycache_prefix = prefix
+
+
 def temp_dir(case):
     """Make a folder removed when CASE ends."""
     path = tempfile.mkdtemp(prefix="agora-test-")
@@ -3125,20 +3135,20 @@ class ServeCommandTest(unittest.TestCase):
     @unittest.skipUnless(os.name == "posix" and os.path.exists("/proc/self/cmdline"),
                          "reads the command line off /proc")
     def test_a_server_runs_from_the_bytecode_cache(self):
-        import importlib.util
         script = os.path.join(self.dir, "agora.py")
         shutil.copy(AGORA, script)
         server = subprocess.Popen([sys.executable, script, "serve", "--addr", "127.0.0.1:0",
                                    "--db", self.db, "--quiet"], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True,
-                                  env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+                                  env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1", HOME=self.dir))
         try:
             self.assertIn("listening on", read_line(server.stdout))
             with open(f"/proc/{server.pid}/cmdline", "rb") as f:
                 words = f.read().decode().split("\0")
-            self.assertEqual(words[1:2] + words[3:5], ["-c", script, "serve"])   # ps still
-            self.assertIn("import agora", words[2])                 # shows agora.py serve
-            self.assertTrue(os.path.exists(importlib.util.cache_from_source(script)))
+            self.assertEqual(words[1:5], ["-I", "-S", "-c", agora.LAUNCHER])
+            self.assertEqual(words[5:7], [script, "serve"])        # ps still shows agora.py serve
+            self.assertTrue(os.path.exists(cached_bytecode(self.dir, script)))
+            self.assertFalse(os.path.exists(os.path.join(self.dir, "__pycache__")))
         finally:
             server.terminate()
             _, err = server.communicate(timeout=10)
@@ -4887,7 +4897,7 @@ class HookInstallTest(unittest.TestCase):
     DOCUMENTED = {
         "claude": ({"SessionStart": ["session-start", "wake"], "UserPromptSubmit": ["prompt"],
                     "Stop": ["stop", "wake"]},
-                   {"type", "command", "args", "timeout", "asyncRewake", "rewakeMessage",
+                   {"type", "command", "timeout", "asyncRewake", "rewakeMessage",
                     "rewakeSummary"}),
         "codex": ({"SessionStart": ["session-start"], "UserPromptSubmit": ["prompt"],
                    "Stop": ["stop"]}, {"type", "command", "timeout", "statusMessage"}),
@@ -4934,9 +4944,8 @@ class HookInstallTest(unittest.TestCase):
 
     @staticmethod
     def argv(client, handler):
+        """Answer the words of HANDLER's command: one shell string, for every client."""
         import shlex
-        if client == "claude":
-            return [handler["command"]] + handler["args"]
         return shlex.split(handler["command"])
 
     def test_each_client_gets_its_documented_shape(self):
@@ -4949,7 +4958,7 @@ class HookInstallTest(unittest.TestCase):
                 if client == "cursor":
                     self.assertEqual(settings["version"], 1)
                 found = self.handlers(client, settings)
-                self.assertEqual({event: [self.argv(client, h)[5] for h in handlers]
+                self.assertEqual({event: [self.argv(client, h)[7] for h in handlers]
                                   for event, handlers in found.items()}, events)
                 for handlers in found.values():
                     for handler in handlers:
@@ -4957,15 +4966,14 @@ class HookInstallTest(unittest.TestCase):
                         self.assertEqual(handler.get("type", "command"), "command")
                         argv = self.argv(client, handler)
                         self.assertEqual(argv[0], sys.executable)
-                        self.assertEqual(argv[1], "-c")          # agora as a module: cached
-                        self.assertIn("import agora", argv[2])
-                        self.assertEqual(argv[3:5], [AGORA, "hook"])     # ps shows agora.py
+                        self.assertEqual(argv[1:5], ["-I", "-S", "-c", agora.LAUNCHER])
+                        self.assertEqual(argv[5:7], [AGORA, "hook"])     # ps shows agora.py
                         self.assertEqual(argv[-4:], ["--as", "bob", "--db", self.db])
                         if client != "claude":
-                            self.assertEqual(argv[6:8], ["--client", client])
+                            self.assertEqual(argv[8:10], ["--client", client])
                         if client == "gemini":
                             self.assertGreaterEqual(handler["timeout"], 1000)   # milliseconds
-                        if argv[5] == "wake":
+                        if argv[7] == "wake":
                             self.assertIs(handler["asyncRewake"], True)
                             self.assertGreater(handler["timeout"], agora.WAKE_TIMEOUT)
                             self.assertEqual(handler["rewakeSummary"], "agora: new mail")
@@ -4982,17 +4990,12 @@ class HookInstallTest(unittest.TestCase):
             self.assertEqual(self.install(client, "--as", "bob", "--db", self.db).returncode, 0)
             agora.call(store, "post", {"body": f"hello {client}"}, agora.Caller("alice", True))
             prompt = self.handlers(client, json.loads(self.read(client)))["UserPromptSubmit"][0]
-            if client == "claude":
-                done = subprocess.run(self.argv(client, prompt), input="{}", capture_output=True,
-                                      text=True, timeout=30)
-            else:                           # Codex runs the command through a shell
-                done = subprocess.run(prompt["command"], shell=True, input="{}",
-                                      capture_output=True, text=True, timeout=30)
+            done = subprocess.run(prompt["command"], shell=True, input="{}", capture_output=True,
+                                  text=True, timeout=30, env=dict(os.environ, HOME=self.home))
             self.assertEqual((done.returncode, done.stderr), (0, ""))
             self.assertIn(f"hello {client}",
                           json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"])
-        import importlib.util
-        self.assertTrue(os.path.exists(importlib.util.cache_from_source(AGORA)))
+        self.assertTrue(os.path.exists(cached_bytecode(self.home, AGORA)))
 
     def test_everything_else_is_kept_and_again_changes_nothing(self):
         os.makedirs(os.path.dirname(self.path("claude")))
