@@ -4272,6 +4272,8 @@ class RequestHandler:
         words = self.requestline.split()
         if not words:
             return False
+        if len(words) != 2:         # a refusal carries a status line, unless asked in 0.9
+            self.request_version = "HTTP/1.0"
         if HEAD_CONTROLS.search(self.requestline):
             self.send_error(400, "Bad request line: a bare CR or a NUL")
             return False
@@ -4303,16 +4305,15 @@ class RequestHandler:
             size += len(line)
             text = head_line(line)
             name, colon, value = text.partition(":")
+            # Refused, not guessed at: read otherwise by a proxy in front (a bare CR or NUL,
+            # a fold, a space before the colon), it would put the two out of step.
             if HEAD_CONTROLS.search(text):
                 self.send_error(400, "Bad header line: a bare CR or a NUL")
                 return False
-            if text[:1] in (" ", "\t") and fields:       # a folded line goes on the last
-                fields[-1] = (fields[-1][0], f"{fields[-1][1]} {text.strip()}")
-            elif colon and HEADER_NAME.fullmatch(name):
-                fields.append((name, value.strip()))
-            else:       # read otherwise by a proxy in front, it would put us out of step
+            if not colon or not HEADER_NAME.fullmatch(name):
                 self.send_error(400, f"Bad header line ({text[:60]!r})")
                 return False
+            fields.append((name, value.strip()))
         self.headers = Headers(fields)
         if len(set(self.headers.get_all("Content-Length", []))) > 1:
             self.send_error(400, "Content-Length is given twice, differently")

@@ -20,6 +20,8 @@ import tempfile
 import threading
 import time
 import unittest
+import unittest.mock
+import urllib.request
 
 import agora
 
@@ -2003,22 +2005,14 @@ class HostileHttpTest(ServerCase):
         with contextlib.redirect_stderr(stderr):
             for data in requests:
                 answer = self.raw(data)
-                status = answer.split(b" ", 2)[1] if answer.startswith(b"HTTP/") else b""
-                self.assertFalse(status.startswith(b"5"), f"{data[:70]!r} -> {answer[:100]!r}")
+                if not data.split(b"\r\n", 1)[0].strip():     # nothing asked, nothing answered
+                    self.assertEqual(answer, b"")
+                    continue
+                status = re.match(rb"HTTP/1\.[01] ([0-9]{3}) ", answer)
+                self.assertTrue(status, f"{data[:70]!r} -> {answer[:100]!r}")   # a status line
+                self.assertNotEqual(status.group(1), b"500", f"{data[:70]!r} -> {answer[:100]!r}")
             self.assertEqual(self.request("GET", "/api")[0], 200)
         self.assertNotIn("Traceback", stderr.getvalue())
-
-    def test_header_lines_are_read_one_way_or_refused(self):
-        post = b"POST /api/post HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        for header in (b"Content-Length : 2\r\n", b"No colon here\r\n",
-                       b"Content-Length: 2\r\nContent-Length: 3\r\n", b"Bad Name: x\r\n"):
-            answer = self.raw(post + header + b"\r\n{}")
-            self.assertTrue(answer.startswith(b"HTTP/1.1 400"), (header, answer[:80]))
-        answer = self.raw(b"GET /api HTTP/1.1\r\n Host: 127.0.0.1\r\n\r\n")  # folds onto nothing
-        self.assertTrue(answer.startswith(b"HTTP/1.1 400"), answer[:80])
-        same_twice = self.raw(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
-                              b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}" % self.port)
-        self.assertIn(b"Invalid Request", same_twice)       # read, and answered by MCP
 
     def test_a_bug_in_a_face_is_a_500(self):
         original = agora.CATALOG["channels"]
@@ -2056,6 +2050,69 @@ class HostileHttpTest(ServerCase):
                         self.assertLess(status, 500, f"{path} {method} {str(params)[:60]}")
         self.assertGreater(tried, 1000)
         self.assertNotIn("Traceback", stderr.getvalue())
+
+
+class HeadTest(unittest.TestCase):
+    """A request's head is read one way or refused: raw heads, each with its exact status,
+    parsed without a socket (as CPython's own test_httpservers parses them)."""
+
+    def setUp(self):
+        self.store = agora.Store(os.path.join(temp_dir(self), "agora.db"))
+        self.server = agora.make_server(self.store, port=0, quiet=True)
+        self.addCleanup(self.store.close)
+        self.addCleanup(self.server.server_close)
+
+    def status(self, head):
+        """Answer the status the server gives the request HEAD (None: no answer at all)."""
+        handler_class = self.server.RequestHandlerClass
+        handler = handler_class.__new__(handler_class)
+        handler.server, handler.connection = self.server, object()
+        handler.client_address = ("127.0.0.1", 40000)
+        handler.rfile, handler.wfile = io.BytesIO(head), io.BytesIO()
+        handler.close_connection = True
+        handler.handle_one_request()
+        answer = handler.wfile.getvalue()
+        match = re.match(rb"HTTP/1\.[01] (\d{3}) ", answer)
+        return int(match.group(1)) if match else None
+
+    def test_each_head_gets_its_status(self):
+        host = b"Host: 127.0.0.1:%d\r\n" % self.server.server_address[1]
+        post = b"POST /api/post HTTP/1.1\r\n" + host
+        rows = [
+            (b"GET /api HTTP/1.1\r\n" + host + b"\r\n", 200),
+            (b"GET /api HTTP/1.1\n" + host.replace(b"\r\n", b"\n") + b"\n", 200),  # bare LFs
+            (b"GET /api HTTP/1.0\r\n\r\n", 200),
+            (b"GET /api\r HTTP/1.1\r\n" + host + b"\r\n", 400),      # a bare CR in the line
+            (b"GET /api\0 HTTP/1.1\r\n" + host + b"\r\n", 400),      # a NUL in the line
+            (b"GET /api HTTP/1.1\r\n" + host + b"X-A: a\rb\r\n\r\n", 400),   # CR in a value
+            (b"GET /api HTTP/1.1\r\n" + host + b"X-A: a\r\r\n\r\n", 400),    # CR before CRLF
+            (b"GET /api HTTP/1.1\r\n" + host + b"X-A: a\0b\r\n\r\n", 400),   # NUL in a value
+            (b"GET /api HTTP/1.1\r\n" + host + b"X-\0: a\r\n\r\n", 400),      # NUL in a name
+            (b"GET /api HTTP/1.1\r\n" + host + host + b"\r\n", 400),          # Host twice
+            (b"GET /api HTTP/1.1\r\n" + host + b"Host: evil.example\r\n\r\n", 400),
+            (b"GET /api HTTP/1.1\r\nHost: evil.example\r\n\r\n", 403),
+            (post + b"Transfer-Encoding:\r\nContent-Length: 2\r\n\r\n{}", 400),  # empty TE
+            (post + b"Transfer-Encoding:  \r\nContent-Length: 2\r\n\r\n{}", 400),
+            (post + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 411),
+            (post + b"Content-Length : 2\r\n\r\n{}", 400),                # space before ':'
+            (post + b"No colon here\r\n\r\n", 400),
+            (post + b"Bad Name: x\r\n\r\n", 400),
+            (post + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}", 400),
+            (post + b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}", 401),   # read: no token
+            (post + b"X-A: a\r\n folded\r\nContent-Length: 2\r\n\r\n{}", 400),    # a fold
+            (b"GET /api HTTP/1.1\r\n Host: 127.0.0.1\r\n\r\n", 400),    # folds onto nothing
+            (post + b"Content-Length: x\r\n\r\n", 400),
+            (post + b"Content-Length: %d\r\n\r\n" % (agora.MAX_REQUEST_BODY + 1), 413),
+            (b"GET /api HTTP/9.9\r\n" + host + b"\r\n", 505),
+            (b"GET /api HTTP/1.1 extra\r\n" + host + b"\r\n", 400),
+            (b"GET /api HTTP/x.y\r\n" + host + b"\r\n", 400),
+            (b"GET /nowhere HTTP/1.1\r\n" + host + b"\r\n", 404),
+            (b"GET /api/post HTTP/1.1\r\n" + host + b"\r\n", 405),
+            (b"BREW /api HTTP/1.1\r\n" + host + b"\r\n", 501),
+        ]
+        for head, status in rows:
+            with self.subTest(head=head):
+                self.assertEqual(self.status(head), status)
 
 
 class PrivacyEveryFaceTest(ServerCase):
@@ -3160,6 +3217,221 @@ class ServeCommandTest(unittest.TestCase):
                               env=dict(os.environ, AGORA_JOIN_KEY=""))
         self.assertEqual(done.returncode, 2)
         self.assertIn("join key", done.stderr)
+
+
+class CodeAgoraRunsTest(unittest.TestCase):
+    """Every command agora writes or starts runs agora's own code and the standard library:
+    never a module of the project it runs in or of agora's own folder, never bytecode
+    another user could plant, whatever the file is called."""
+
+    # Modules a project may hold that agora imports, each of which says it ran.
+    SHADOWS = ("json", "token", "secrets", "signal", "select", "copy", "http", "email")
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.home = os.path.join(self.dir, "home")
+        self.project = os.path.join(self.dir, "project")
+        self.mark = os.path.join(self.dir, "hijacked")
+        self.db = os.path.join(self.dir, "agora.db")
+        os.makedirs(self.home)
+        self.plant(self.project)
+        self.git("init", "-q")
+        self.git("config", "user.email", "bob@example.com")
+        self.git("config", "user.name", "bob")
+        self.env = dict(os.environ, HOME=self.home, AGORA_AS="", AGORA_URL="", AGORA_DB="",
+                        CLAUDE_CODE_ENTRYPOINT="sdk-cli")      # wake: at once, headless
+
+    def plant(self, folder):
+        """Put a module of each SHADOWS name in FOLDER that leaves its name in self.mark."""
+        for name in self.SHADOWS:
+            path = (os.path.join(folder, name, "__init__.py") if name in ("http", "email")
+                    else os.path.join(folder, f"{name}.py"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(f"open({self.mark!r}, 'a').write({name!r} + '\\n')\n")
+
+    def hijacked(self):
+        if not os.path.exists(self.mark):
+            return ""
+        with open(self.mark) as f:
+            return f.read()
+
+    def git(self, *args):
+        return subprocess.run(["git", *args], cwd=self.project, capture_output=True,
+                              text=True, timeout=60)
+
+    def run_agora(self, script, *argv, cwd=None, stdin=""):
+        return subprocess.run([sys.executable, script, *argv], cwd=cwd or self.project,
+                              input=stdin, capture_output=True, text=True, timeout=60,
+                              env=self.env)
+
+    def shell(self, command, stdin="{}", env=None):
+        """Run a written command line as a client does: a shell string, in the project."""
+        return subprocess.run(["/bin/sh", "-c", command], cwd=self.project, input=stdin,
+                              capture_output=True, text=True, timeout=60,
+                              env=dict(self.env, **(env or {})))
+
+    def check_every_face(self, script):
+        """Install and run SCRIPT's hooks and guard, and start its stdio and serve, all in
+        the project: each works."""
+        for client in agora.HOOK_CLIENTS:
+            done = self.run_agora(script, "hook", "install", client, "--as", "bob",
+                                  "--db", self.db)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            path = os.path.join(self.project, agora.HOOK_FILES[client][0])
+            with open(path) as f:
+                text = json.load(f)["hooks"]
+            handlers = [h for entries in text.values() for entry in entries
+                        for h in (entry.get("hooks", [entry]))]
+            self.assertTrue(handlers)
+            for handler in handlers:
+                ran = self.shell(handler["command"])
+                self.assertEqual((ran.returncode, ran.stderr), (0, ""), handler["command"])
+        agora.call(self.store, "post", {"body": f"for bob, by {script}"},
+                   agora.Caller("alice", True))
+        prompt = self.shell(agora.shell_words(agora.agora_argv()[:5] + [
+            script, "hook", "prompt", "--as", "bob", "--db", self.db]))
+        self.assertIn(f"for bob, by {script}", prompt.stdout)
+        done = self.run_agora(script, "guard", "install", "--as", "bob", "--db", self.db)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        with open(os.path.join(self.project, "work.txt"), "a") as f:
+            f.write("more\n")
+        self.git("add", "work.txt")
+        committed = subprocess.run(["git", "commit", "-q", "-m", "work"], cwd=self.project,
+                                   capture_output=True, text=True, timeout=60, env=self.env)
+        self.assertEqual(committed.returncode, 0, committed.stderr)
+        stdio = self.run_agora(script, "stdio", "--as", "bob", "--db", self.db,
+                               stdin='{"jsonrpc": "2.0", "id": 1, "method": "ping"}\n')
+        self.assertEqual(json.loads(stdio.stdout)["result"], {})
+        server = subprocess.Popen([sys.executable, script, "serve", "--addr", "127.0.0.1:0",
+                                   "--db", self.db, "--quiet"], cwd=self.project, env=self.env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = read_line(server.stdout)
+            port = int(re.search(r":(\d+) ", line).group(1))
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api", timeout=10) as answer:
+                self.assertEqual(json.load(answer)["name"], "agora")
+        finally:
+            server.terminate()
+            _, err = server.communicate(timeout=10)
+        self.assertEqual((server.returncode, err), (0, ""))
+
+    def test_a_project_module_never_runs_inside_agora(self):
+        self.store = agora.Store(self.db)
+        self.addCleanup(self.store.close)
+        self.check_every_face(AGORA)
+        self.assertEqual(self.hijacked(), "")
+
+    def test_a_module_beside_agora_never_runs_either(self):
+        shared = os.path.join(self.dir, "shared")
+        self.plant(shared)
+        script = os.path.join(shared, "agora.py")
+        shutil.copy(AGORA, script)
+        done = self.run_agora(script, "post", "body=hi", "--as", "bob", "--db", self.db)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(self.hijacked(), "")
+
+    def test_any_name_works(self):
+        self.store = agora.Store(self.db)
+        self.addCleanup(self.store.close)
+        named = os.path.join(self.dir, "bin", "agora")
+        os.makedirs(os.path.dirname(named))
+        shutil.copy(AGORA, named)
+        linked = os.path.join(self.dir, "bin", "agora-link")
+        os.symlink(AGORA, linked)
+        for script in (named, linked):
+            with self.subTest(script=script):
+                self.check_every_face(script)
+
+    def planted(self, folder, source, unchecked=True):
+        """Write bytecode for SOURCE into FOLDER as Python would name it, compiled from
+        code that leaves 'pyc' in self.mark; UNCHECKED: a header Python never checks."""
+        import importlib.util
+        import py_compile
+        evil = os.path.join(self.dir, "evil.py")
+        with open(evil, "w") as f:
+            f.write(f"open({self.mark!r}, 'a').write('pyc\\n')\n")
+        tag = os.path.basename(importlib.util.cache_from_source(source))
+        path = os.path.join(folder, tag)
+        os.makedirs(folder, exist_ok=True)
+        py_compile.compile(evil, cfile=path, doraise=True, invalidation_mode=(
+            py_compile.PycInvalidationMode.UNCHECKED_HASH if unchecked
+            else py_compile.PycInvalidationMode.TIMESTAMP))
+        return path
+
+    def test_bytecode_is_read_only_from_a_cache_of_the_users_alone(self):
+        shared = os.path.join(self.dir, "shared")
+        os.makedirs(shared)
+        os.chmod(shared, 0o1777)                # a folder every user may write in
+        script = os.path.join(shared, "agora.py")
+        shutil.copy(AGORA, script)
+        beside = self.planted(os.path.join(shared, "__pycache__"), script)
+        if os.getuid() == 0:                    # planted by another user, where one exists
+            for path in (beside, os.path.dirname(beside)):
+                os.chown(path, 65534, 65534)
+        for argv in (["post", "body=one", "--as", "bob", "--db", self.db],
+                     ["stdio", "--as", "bob", "--db", self.db]):
+            done = self.run_agora(script, *argv, stdin="")
+            self.assertEqual(done.returncode, 0, done.stderr)
+        ran = self.shell(agora.shell_words(agora.agora_argv()[:5] + [
+            script, "hook", "session-start", "--as", "bob", "--db", self.db]))
+        self.assertIn("you are bob", ran.stdout)
+        self.assertEqual(self.hijacked(), "")
+        # A cache folder others may write in is no cache: nothing in it is read.
+        cache = os.path.join(self.home, ".agora", "cache")
+        shutil.rmtree(cache)                    # the one stdio made, private
+        os.makedirs(cache)
+        os.chmod(cache, 0o777)
+        self.planted(os.path.dirname(cached_bytecode(self.home, script)), script)
+        ran = self.shell(agora.shell_words(agora.agora_argv()[:5] + [
+            script, "hook", "session-start", "--as", "bob", "--db", self.db]))
+        self.assertIn("you are bob", ran.stdout)
+        self.assertEqual(self.hijacked(), "")
+        self.assertEqual(os.stat(cache).st_mode & 0o777, 0o777)    # left as it was
+        with unittest.mock.patch.dict(os.environ, HOME=self.home):
+            self.assertIsNone(agora.private_cache())
+        os.chmod(cache, 0o700)                  # the user's alone: now it serves
+        with unittest.mock.patch.dict(os.environ, HOME=self.home):
+            self.assertEqual(agora.private_cache(), cache)
+
+    def test_the_installed_command(self):
+        folder = os.path.join(self.dir, "bin")
+        done = self.run_agora(AGORA, "install", folder)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        command = os.path.join(folder, "agora")
+        self.assertIn(f"{command} runs {AGORA}", done.stdout)
+        self.assertTrue(os.access(command, os.X_OK))
+        self.assertTrue(os.path.exists(cached_bytecode(self.home, AGORA)))
+        posted = subprocess.run([command, "post", "body=from cron", "--as", "cron",
+                                 "--db", self.db], cwd=self.project, capture_output=True,
+                                text=True, timeout=60, env=self.env)
+        self.assertEqual((posted.returncode, posted.stderr), (0, ""))
+        read = subprocess.run([command, "read", "--as", "bob", "--db", self.db, "--json"],
+                              cwd=self.project, capture_output=True, text=True, timeout=60,
+                              env=self.env)
+        self.assertEqual(read.returncode, 0, read.stderr)
+        self.assertEqual(self.hijacked(), "")
+        with open(command) as f:
+            first = f.read()
+        self.assertEqual(self.run_agora(AGORA, "install", folder).returncode, 0)  # again: same
+        with open(command) as f:
+            self.assertEqual(f.read(), first)
+        theirs = os.path.join(self.dir, "theirs")       # a command of another program's
+        os.makedirs(theirs)
+        with open(os.path.join(theirs, "agora"), "w") as f:
+            f.write("#!/bin/sh\necho mine\n")
+        itself = os.path.join(self.dir, "itself")       # agora itself, copied as agora
+        os.makedirs(itself)
+        shutil.copy(AGORA, os.path.join(itself, "agora"))
+        for target, script in ((theirs, AGORA), (itself, os.path.join(itself, "agora"))):
+            with self.subTest(target=target):
+                with open(os.path.join(target, "agora")) as f:
+                    before = f.read()
+                done = self.run_agora(script, "install", target)
+                self.assertEqual(done.returncode, 1)
+                self.assertEqual(len(done.stderr.splitlines()), 1, done.stderr)
+                with open(os.path.join(target, "agora")) as f:
+                    self.assertEqual(f.read(), before)
 
 
 ###############################################################################
@@ -4613,6 +4885,78 @@ class BackupCheckTest(unittest.TestCase):
         self.assertEqual(self.agora("check", "--db", copy).returncode, 0)
         self.assertEqual(sorted(os.listdir(self.dir)), ["agora.db", "copy.db"])   # no leftovers
 
+    def refused(self, done):
+        """Assert DONE was refused as a command line refuses: one line, exit 1."""
+        self.assertEqual(done.returncode, 1, done.stdout)
+        self.assertEqual(len(done.stderr.splitlines()), 1, done.stderr)
+        self.assertNotIn("Traceback", done.stderr)
+
+    def test_a_backup_never_replaces_the_live_file_however_spelled(self):
+        server = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
+                                   "--db", self.db, "--quiet"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: server.poll() is None and server.kill())
+        port = int(re.search(r":(\d+) ", read_line(server.stdout)).group(1))
+        token = json.loads(self.agora("join", "name=alice", "--json", "--db", self.db)
+                           .stdout)["token"]
+        answered = []
+
+        def post(n):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("POST", "/api/post", body=json.dumps({"body": f"post {n}"}),
+                         headers={"Authorization": f"Bearer {token}"})
+            response = conn.getresponse()
+            body = json.loads(response.read())
+            conn.close()
+            if response.status == 200:
+                answered.append(body["id"])
+        for n in range(300):
+            post(n)
+        os.link(self.db, os.path.join(self.dir, "hard.db"))
+        os.symlink(self.db, os.path.join(self.dir, "soft.db"))
+        os.makedirs(os.path.join(self.dir, "folder"))
+        for target in (os.path.join(self.dir, ".", "agora.db"), self.db + "-wal",
+                       self.db + "-shm", os.path.join(self.dir, "hard.db"),
+                       os.path.join(self.dir, "soft.db"), os.path.join(self.dir, "folder"),
+                       os.path.join(self.dir, "missing", "copy.db")):
+            with self.subTest(target=target):
+                self.refused(self.agora("backup", target, "--force", "--db", self.db))
+                post(len(answered) + 1000)
+        for n in range(300):
+            post(n + 2000)
+        server.terminate()
+        server.communicate(timeout=30)
+        self.assertEqual(server.returncode, 0)
+        self.assertEqual(len(answered), 607)
+        checked = self.agora("check", "--db", self.db)
+        self.assertEqual(checked.returncode, 0, checked.stderr)
+        kept = sqlite3.connect(self.db)
+        self.addCleanup(kept.close)
+        self.assertEqual({row[0] for row in kept.execute("SELECT id FROM messages")},
+                         set(answered))
+
+    def test_a_stale_wal_beside_the_target_never_mixes_into_the_copy(self):
+        store = agora.Store(self.db)
+        for n in range(500):
+            agora.call(store, "post", {"body": f"kept {n}"}, agora.Caller("a", True))
+        store.close()
+        other = os.path.join(self.dir, "other.db")     # a file left with a WAL of its own
+        con = sqlite3.connect(other)
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA wal_autocheckpoint=0")
+        con.execute("CREATE TABLE filler (x)")
+        con.executemany("INSERT INTO filler VALUES (?)", [("z" * 1000,)] * 300)
+        con.commit()
+        copy = os.path.join(self.dir, "copy.db")
+        for suffix in ("-wal", "-shm"):
+            shutil.copy(other + suffix, copy + suffix)
+        con.close()
+        done = self.agora("backup", copy, "--db", self.db)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        checked = self.agora("check", "--db", copy)
+        self.assertEqual(checked.returncode, 0, checked.stderr)
+        self.assertIn("500 messages", checked.stdout)
+
     def test_check_says_ok_damaged_or_usage_never_a_traceback(self):
         store = agora.Store(self.db)
         for n in range(3000):
@@ -4696,6 +5040,41 @@ class HookTest(HookCase):
 
     def untold(self):
         return agora.call(self.store, "news", {"peek": True}, agora.Caller("bob", True)).body
+
+    def test_copilot_running_claude_codes_hooks_gets_what_it_takes(self):
+        # Copilot CLI runs the hooks of .claude/settings*.json as shell strings, with this
+        # input and COPILOT_CLI in the environment (seen with Copilot CLI 1.0.102).
+        env = {key: value for key, value in os.environ.items()
+               if not key.startswith("CLAUDE_CODE")}
+        env.update(COPILOT_CLI="1", COPILOT_PROJECT_DIR=self.dir, CLAUDE_PROJECT_DIR=self.dir,
+                   AGORA_AS="", AGORA_URL="")
+        given = {"hook_event_name": "SessionStart", "session_id": "s1", "cwd": self.dir,
+                 "timestamp": "2026-12-02T10:52:05.884Z", "source": "new",
+                 "initial_prompt": "hello"}
+
+        def run(event, **more):
+            command = agora.hook_entry("claude", event, ["--as", "bob", "--db", self.db])
+            return subprocess.run(["/bin/bash", "--norc", "--noprofile", "-c",
+                                   command["command"]], input=json.dumps(dict(given, **more)),
+                                  capture_output=True, text=True, timeout=30, env=env)
+        started = run("session-start")
+        self.assertEqual((started.returncode, started.stderr), (0, ""))
+        self.assertEqual(set(json.loads(started.stdout)), {"additionalContext"})
+        self.assertIn("you are bob", json.loads(started.stdout)["additionalContext"])
+        self.post("mail while copilot works")
+        began = time.monotonic()
+        woken = run("wake")                     # no idle wake in Copilot: none starts
+        self.assertLess(time.monotonic() - began, 10)
+        self.assertEqual((woken.returncode, woken.stdout, woken.stderr), (0, "", ""))
+        self.assertEqual(self.untold()["count"], 1)                 # nothing told
+        prompted = run("prompt", hook_event_name="UserPromptSubmit", prompt="go on")
+        self.assertIn("mail while copilot works",
+                      json.loads(prompted.stdout)["additionalContext"])
+        self.assertEqual(self.untold()["count"], 0)                 # told, and shown
+        self.post("mail at the stop")
+        stopped = run("stop", hook_event_name="Stop", stop_hook_active=False)
+        self.assertEqual(json.loads(stopped.stdout)["decision"], "block")
+        self.assertIn("mail at the stop", json.loads(stopped.stdout)["reason"])
 
     def test_every_event_and_client_says_it_in_the_documented_shape(self):
         for client in agora.HOOK_CLIENTS:
