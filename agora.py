@@ -50,13 +50,13 @@ if __name__ == "__main__" and not (sys.flags.isolated or getattr(sys.flags, "saf
     del sys.path[0]
 
 import contextlib
-import hashlib
 import json
 import os
 import re
 import sqlite3
 import threading
 import time
+import zlib
 from collections import namedtuple
 
 __version__ = "0.1.0"
@@ -501,6 +501,7 @@ def private_file(path):
 
 def hash_token(token):
     """Answer the stored form of a bearer token (only its sha256 is kept)."""
+    import hashlib          # not for every command: loading OpenSSL costs a CLI post 10 %
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
@@ -1230,9 +1231,9 @@ def _tell(db, agent, text, now):
 
 
 def _digest(channel, body, reply_to):
-    """Answer a 64-bit digest of what makes two posts by one sender the same."""
-    data = f"{channel}\0{reply_to}\0{body}".encode("utf-8")
-    return int.from_bytes(hashlib.sha256(data).digest()[:8], "big", signed=True)
+    """Answer a digest of what makes two posts by one sender the same: the key of the
+    index a retry is found by (SAME_POST compares the post itself too)."""
+    return zlib.crc32(f"{channel}\0{reply_to}\0{body}".encode("utf-8"))
 
 
 # Where a reader's cursor stands: past what it was given, except that the messages of
@@ -4144,6 +4145,7 @@ def card_face(server, request):
     """Answer the agent card, with an ETag and caching headers."""
     base = server.public_url or "http://" + (
         request.headers.get("Host") or "%s:%s" % server.server_address[:2])
+    import hashlib
     payload = json_bytes(agent_card(base))
     etag = '"' + hashlib.sha256(payload).hexdigest()[:32] + '"'
     headers = [("ETag", etag), ("Cache-Control", "public, max-age=300")]
@@ -4588,7 +4590,8 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
     ALLOW_HOSTS adds Host names to answer to; SETTINGS are Server's (quiet,
     public_url, a2a_guest, a2a_block, the timeouts and max_connections).
     """
-    import socket
+    import hashlib          # every request's token is hashed: loaded now, while descriptors
+    import socket           # are to be had, not at the first request
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     handler = type("AgoraRequestHandler", (RequestHandler, BaseHTTPRequestHandler), {})
     server_class = type("AgoraServer", (Server, ThreadingHTTPServer), {
@@ -4879,18 +4882,31 @@ def _build_parser(command=None, argv=()):
     """
     import argparse
 
-    class HookParser(argparse.ArgumentParser):
+    class Parser(argparse.ArgumentParser):
+        """An ArgumentParser that asks os for the terminal's width itself: argparse asks
+        shutil, whose import (bz2 and lzma with it) costs a one-shot command more than
+        all of its own work."""
+
+        def _get_formatter(self):
+            try:
+                columns = int(os.environ.get("COLUMNS")
+                              or os.get_terminal_size(sys.__stdout__.fileno()).columns)
+            except (AttributeError, OSError, ValueError):
+                columns = 80
+            return self.formatter_class(prog=self.prog, width=columns - 2)
+
+    class HookParser(Parser):
         """A hook never exits 2, which Claude Code reads as "block": one line, exit 0."""
 
         def error(self, message):
             hook_trouble(message, "cursor" if "cursor" in argv else "claude")
             sys.exit(0)
-    parser_class = HookParser if command == "hook" else argparse.ArgumentParser
+    parser_class = HookParser if command == "hook" else Parser
     parser = parser_class(
         prog="agora", description="Where AI agents meet: channels, mail, tasks and notes.",
         epilog="Run 'agora ops' to list the operations, 'agora OP -h' for one of them.")
     parser.add_argument("--version", action="version", version=f"agora {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--db", default=argparse.SUPPRESS,
                         help="the database file (default $AGORA_DB or ~/.agora/agora.db)")
     parser.add_argument("--db", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -4920,7 +4936,7 @@ def _build_parser(command=None, argv=()):
         serve_parser.add_argument("--a2a-block", type=int, default=A2A_DEFAULT_BLOCK,
                                   metavar="SECONDS", help="longest wait of a blocking A2A "
                                   f"SendMessage (default {A2A_DEFAULT_BLOCK})")
-    remote = argparse.ArgumentParser(add_help=False)
+    remote = Parser(add_help=False)
     remote.add_argument("--url", default=os.environ.get("AGORA_URL"),
                         help="a remote agora to use instead of the file (default $AGORA_URL)")
     remote.add_argument("--token", help="the bearer token for --url (default: --token-file's, "
@@ -4938,7 +4954,7 @@ def _build_parser(command=None, argv=()):
                                   help="also be a Claude Code channel: push news as it comes")
         stdio_parser.add_argument("--tasks", action="store_true",
                                   help="with --channel: tasks that become ready are news too")
-    waiting = argparse.ArgumentParser(add_help=False)
+    waiting = Parser(add_help=False)
     waiting.add_argument("--as", dest="as_name", metavar="NAME",
                          help="act as this agent on the local file (default $AGORA_AS)")
     waiting.add_argument("--tasks", action="store_true",
@@ -4991,7 +5007,7 @@ def _build_parser(command=None, argv=()):
             "install", help="write the agora command: this command line, started quickly")
         install_parser.add_argument("folder", nargs="?", metavar="DIR",
                                     help=f"where to write it (default {DEFAULT_BIN})")
-    identity = argparse.ArgumentParser(add_help=False)
+    identity = Parser(add_help=False)
     identity.add_argument("--as", dest="as_name", metavar="NAME",
                           help="act as this agent on the local file (default $AGORA_AS)")
     identity.add_argument("--json", action="store_true", help="print the JSON body")
@@ -5567,6 +5583,7 @@ def hook_trouble(error, client=None):
 def wake_lock_path(key):
     """Answer the file whose lock says a wake runs for KEY (an AgentLink's key): in a
     folder of the user's own, not a shared temp folder another user could plant it in."""
+    import hashlib
     return os.path.join(os.path.expanduser("~"), ".agora", "wake",
                         hashlib.sha256(key.encode()).hexdigest()[:16] + ".lock")
 
@@ -6745,6 +6762,7 @@ def web_page():
     escaping could not run or send anything anywhere.
     """
     import base64
+    import hashlib
     if not hasattr(web_page, "built"):
         def digest(text):
             return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode()

@@ -82,10 +82,8 @@ print(f"floor listening on http://127.0.0.1:{server.server_address[1]}", flush=T
 server.serve_forever()
 """
 
-CLI_FLOOR = """
+INSERT_ONE_ROW = """
 import sqlite3, sys
-with open(sys.argv[2], "rb") as f:                  # the price of being one file of this size
-    compile(f.read(), sys.argv[2], "exec")
 con = sqlite3.connect(sys.argv[1], isolation_level=None)
 con.execute("PRAGMA synchronous = FULL")
 con.execute("BEGIN IMMEDIATE")
@@ -94,6 +92,11 @@ con.execute("INSERT INTO messages (channel, sender, body, reply_to, ts) "
 con.execute("COMMIT")
 con.close()
 """
+CLI_FLOOR = """
+import sys
+with open(sys.argv[2], "rb") as f:                  # the price of being one file of this size
+    compile(f.read(), sys.argv[2], "exec")
+""" + INSERT_ONE_ROW
 
 
 STARTED = []    # every server process, so that none outlives a run that stopped early
@@ -380,7 +383,7 @@ def main():
         # command `hook install` writes runs it, against python3 importing json and sqlite3
         # and reading one row. As on a person's machine: Python writes and reads its
         # bytecode cache (these machines set PYTHONDONTWRITEBYTECODE).
-        agora._cache_bytecode()
+        agora.cache_bytecode()
         person = {key: value for key, value in os.environ.items()
                   if key != "PYTHONDONTWRITEBYTECODE"}
         hook = agora.hook_argv("prompt", "claude", ["--as", "hooked", "--db", db])
@@ -473,6 +476,22 @@ def main():
         cli, cli_floor = statistics.median(cli), statistics.median(cli_floor)
         rows.append(("one-shot CLI post (ms)", cli, cli_floor, "ratio <= 1.30",
                      lambda r: r <= 1.30))
+
+        # The installed command (agora.py install) against Python isolated inserting one
+        # row: what a cron job or an agent calling the command line pays each time.
+        subprocess.run([sys.executable, AGORA, "install", os.path.join(work, "bin")],
+                       check=True, capture_output=True)
+        command = os.path.join(work, "bin", "agora")
+        installed, installed_floor = [], []
+        for _ in range(ROUNDS):
+            installed.append(wall(lambda i: [command, "post", f"body=installed {time.time_ns()}",
+                                             "--as", "cli", "--db", cli_db]))
+            installed_floor.append(wall(lambda i: [sys.executable, "-I", "-S", "-c",
+                                                   INSERT_ONE_ROW, cli_db]))
+        installed, installed_floor = (statistics.median(installed),
+                                      statistics.median(installed_floor))
+        rows.append(("installed agora command post (ms)", installed, installed_floor,
+                     "ratio <= 1.30, <= 40 ms", lambda r: r <= 1.30 and installed <= 40))
 
         # Latency: 100 against 100,000 unread, and 1,000 against 1,000,000 messages, the
         # files taken in turn each round (the machine's noise then falls on all alike).

@@ -278,7 +278,8 @@ def write_hooks(client, scratch, name, url=None):
     answer the file's path."""
     who = ["--url", url] if url else ["--as", name, "--db", scratch.db]
     subprocess.run([PYTHON, AGORA, "hook", "install", client, *who, "--dir",
-                    scratch.project], check=True, capture_output=True, timeout=30)
+                    scratch.project], check=True, capture_output=True, timeout=30,
+                   env=dict(os.environ, HOME=scratch.home))    # its bytecode cache: the client's
     return os.path.join(scratch.project, under_test().HOOK_FILES[client][0])
 
 
