@@ -4143,9 +4143,9 @@ def a2a_face(server, request):
 
 def card_face(server, request):
     """Answer the agent card, with an ETag and caching headers."""
+    import hashlib
     base = server.public_url or "http://" + (
         request.headers.get("Host") or "%s:%s" % server.server_address[:2])
-    import hashlib
     payload = json_bytes(agent_card(base))
     etag = '"' + hashlib.sha256(payload).hexdigest()[:32] + '"'
     headers = [("ETag", etag), ("Cache-Control", "public, max-age=300")]
@@ -5210,11 +5210,12 @@ def cache_bytecode():
     finally:
         sys.pycache_prefix = prefix
     try:
-        fresh = os.path.getmtime(cache) >= os.path.getmtime(source)
-    except OSError:
-        fresh = False
+        if os.path.getmtime(cache) >= os.path.getmtime(source):
+            return True
+    except OSError:             # not compiled yet
+        pass
     try:
-        fresh or py_compile.compile(source, cfile=cache, doraise=True)
+        py_compile.compile(source, cfile=cache, doraise=True)
     except (OSError, py_compile.PyCompileError):
         return False
     return True
