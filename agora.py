@@ -4195,16 +4195,14 @@ def find_route(path):
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")     # a token, no space before ':'
 
 
-# What a request's head may not hold: a CR that ends no line, or a NUL. A reader in
-# front that splits lines on a bare CR (the email package did) would see another request.
-HEAD_CONTROLS = re.compile("[\r\0]")
-
-
 def head_line(raw):
-    """Answer a line of a request's head as text, without its line end (CRLF, or LF)."""
+    """Answer a line of a request's head as text, without its line end (CRLF, or LF); None
+    when it holds a CR that ends no line, or a NUL: a reader in front that splits lines on
+    a bare CR (the email package did) would see another request in it."""
     text = raw.decode("iso-8859-1")
     text = text[:-1] if text.endswith("\n") else text
-    return text[:-1] if text.endswith("\r") else text
+    text = text[:-1] if text.endswith("\r") else text
+    return None if "\r" in text or "\0" in text else text
 
 
 class Headers:
@@ -4270,13 +4268,14 @@ class RequestHandler:
         which http.server uses, costs a small request a third of its time."""
         self.server.watch(self.connection, self.server.request_timeout)
         self.command, self.request_version, self.close_connection = None, "HTTP/0.9", True
-        self.requestline = head_line(self.raw_requestline)
+        line = head_line(self.raw_requestline)
+        self.requestline = str(self.raw_requestline, "iso-8859-1").strip() if line is None else line
         words = self.requestline.split()
         if not words:
             return False
         if len(words) != 2:         # a refusal carries a status line, unless asked in 0.9
             self.request_version = "HTTP/1.0"
-        if HEAD_CONTROLS.search(self.requestline):
+        if line is None:
             self.send_error(400, "Bad request line: a bare CR or a NUL")
             return False
         version = re.fullmatch(r"HTTP/([0-9]{1,10})\.([0-9]{1,10})", words[-1])
@@ -4306,12 +4305,12 @@ class RequestHandler:
                 break
             size += len(line)
             text = head_line(line)
-            name, colon, value = text.partition(":")
             # Refused, not guessed at: read otherwise by a proxy in front (a bare CR or NUL,
             # a fold, a space before the colon), it would put the two out of step.
-            if HEAD_CONTROLS.search(text):
+            if text is None:
                 self.send_error(400, "Bad header line: a bare CR or a NUL")
                 return False
+            name, colon, value = text.partition(":")
             if not colon or not HEADER_NAME.fullmatch(name):
                 self.send_error(400, f"Bad header line ({text[:60]!r})")
                 return False
