@@ -103,7 +103,7 @@ PATTERN_RULES = {
     PAGE_TOKEN: "a page token this server gave",
 }
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 NEWEST_MESSAGE = "SELECT coalesce(max(id), 0) FROM messages"
 NEWEST_READY = "SELECT value FROM counters WHERE name = 'ready'"
 MARKS = f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})"     # what a waiter watches
@@ -328,6 +328,11 @@ UPDATE tasks SET ready_seq = NULL WHERE status != 'open';
     8: """
 DROP TRIGGER IF EXISTS messages_fts_insert;
 INSERT INTO counters VALUES ('indexed', (SELECT coalesce(max(id), 0) FROM messages));
+""",
+    # 'deps' counts the changes to what tasks wait for: a cycle check made on a snapshot
+    # walks again in the write turn only when the graph changed meanwhile.
+    9: """
+INSERT INTO counters VALUES ('deps', 0);
 """,
 }
 
@@ -2409,6 +2414,10 @@ TASK_LISTS = {
 }
 
 
+DEPS_CHANGES = "SELECT value FROM counters WHERE name = 'deps'"
+WALK_STEP = 500             # tasks one query of a walk asks about (SQLite's variables)
+
+
 def _check_after(db, task_id, after):
     """Refuse an AFTER list for task TASK_ID that names an unknown task or makes a cycle."""
     known = {row[0] for row in db.execute(
@@ -2416,41 +2425,44 @@ def _check_after(db, task_id, after):
     for other in after:
         if other not in known:
             raise NotFound(f"no task #{other} to wait for", hint="see tasks which=all")
-    for other in after if task_id is not None else ():
-        path = _dependency_path(db, other, task_id)
-        if path is not None:
-            cycle = " -> ".join(f"#{i}" for i in [task_id] + path)
-            raise BadRequest(f"after would make a cycle: {cycle}",
-                             hint="a task cannot wait, even through others, for itself")
+    cycle = _cycle_through(db, task_id, after) if task_id is not None else None
+    if cycle:
+        raise BadRequest("after would make a cycle: " + " -> ".join(f"#{i}" for i in cycle),
+                         hint="a task cannot wait, even through others, for itself")
 
 
-def _dependency_path(db, start, goal):
-    """Answer the chain of waits from task START to GOAL ([START, ..., GOAL]), or None."""
-    parents, frontier = {start: None}, [start]
-    while frontier:
-        if goal in parents:
-            break
-        marks = ",".join("?" * len(frontier))
-        step = db.execute(f"SELECT task_id, after_id FROM task_deps WHERE task_id IN ({marks})",
-                          frontier).fetchall()
-        frontier = []
-        for task, after in step:
-            if after not in parents:
-                parents[after] = task
-                frontier.append(after)
-    if goal not in parents:
+def _cycle_through(db, task_id, after):
+    """Answer the cycle of waits [TASK_ID, ..., TASK_ID] that TASK_ID waiting for AFTER
+    would make, or None.
+
+    One walk of what AFTER waits for, with one visited set, a query per layer: its cost
+    is bounded by the tasks reachable, once, however many tasks AFTER names (a walk per
+    blocker let one agent's update_task hold every write up for seconds).
+    """
+    parents, frontier = dict.fromkeys(after), list(after)
+    while frontier and task_id not in parents:
+        step, frontier = frontier, []
+        for first in range(0, len(step), WALK_STEP):
+            part = step[first:first + WALK_STEP]
+            for task, other in db.execute("SELECT task_id, after_id FROM task_deps WHERE "
+                                          f"task_id IN ({','.join('?' * len(part))})", part):
+                if other not in parents:
+                    parents[other] = task
+                    frontier.append(other)
+    if task_id not in parents:
         return None
-    path, node = [], goal
+    path, node = [], task_id
     while node is not None:
         path.append(node)
         node = parents[node]
-    return path[::-1]
+    return [task_id] + path[::-1]
 
 
 def _set_after(db, task_id, after):
     db.execute("DELETE FROM task_deps WHERE task_id = ?", (task_id,))
     db.executemany("INSERT INTO task_deps (task_id, after_id) VALUES (?, ?)",
                    [(task_id, other) for other in after])
+    db.execute("UPDATE counters SET value = value + 1 WHERE name = 'deps'")
 
 
 AFTER = {"type": "array", "items": ID, "maxItems": MAX_AFTER,
@@ -2486,9 +2498,19 @@ def op_post_task(store, caller, args, now):
 @operation("update_task", "Change an open task you posted; after replaces its list.",
            {"id": ID, "title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS,
             "priority": _integer(-1000, 1000), "after": AFTER},
-           required=["id"])
+           required=["id"], own_turn=True)
 def op_update_task(store, caller, args, now):
-    """Change the given fields of an open task the caller posted."""
+    """Change the given fields of an open task the caller posted.
+
+    A new after is checked for cycles on a snapshot, outside the write lock, so no post
+    waits for the walk; inside it the walk is made again only when what tasks wait for
+    changed since the snapshot.
+    """
+    after = sorted(set(args["after"])) if args["after"] is not None else None
+    if after is not None:
+        with store.transaction() as db:
+            walked = db.execute(DEPS_CHANGES).fetchone()[0]
+            _check_after(db, args["id"], after)
     with store.transaction(write=True) as db:
         task = _task(_find_task(db, args["id"], now))
         if task["poster"] != caller.name:
@@ -2504,9 +2526,9 @@ def op_update_task(store, caller, args, now):
             db.execute("DELETE FROM task_tags WHERE task_id = ?", (task["id"],))
             db.executemany("INSERT INTO task_tags (tag, task_id) VALUES (?, ?)",
                            [(tag, task["id"]) for tag in tags])
-        if args["after"] is not None:
-            after = sorted(set(args["after"]))
-            _check_after(db, task["id"], after)
+        if after is not None:
+            if db.execute(DEPS_CHANGES).fetchone()[0] != walked:
+                _check_after(db, task["id"], after)
             _set_after(db, task["id"], after)
         db.execute(f"UPDATE tasks SET {''.join(f'{field} = :{field}, ' for field in changes)}"
                    "updated = :now WHERE id = :id", dict(changes, now=now, id=task["id"]))

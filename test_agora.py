@@ -1196,6 +1196,20 @@ class CountingStore(agora.Store):
             type(self).write_transactions += 1
 
 
+class WalkCountingStore(agora.Store):
+    """A store that reports each query of a walk of the task graph to REPORT."""
+
+    def __init__(self, path, report):
+        self.report = report
+        super().__init__(path)
+
+    def _connect(self):
+        con = super()._connect()
+        con.set_trace_callback(lambda statement: statement.startswith(
+            "SELECT task_id, after_id FROM task_deps") and self.report(statement))
+        return con
+
+
 class GroupCommitTest(StoreCase):
     """Writers sharing one commit: a failing block is undone alone, or fails all it shared."""
 
@@ -3821,6 +3835,53 @@ class DependencyTest(StoreCase):
         self.assertIn(f"cycle: #{test} -> #{test}", self.refused(400, "update_task", id=test,
                                                                   after=[test]))
         self.assertEqual(self.ok("task", id=build)["task"]["after"], [])
+
+    def layered_plan(self, layers=60, width=50):
+        """Answer the task ids of a plan in LAYERS of WIDTH, each task waiting for every
+        task of the layer above (3,000 tasks, 147,500 waits), written in one transaction."""
+        ids = [[layer * width + n + 1 for n in range(width)] for layer in range(layers)]
+        with self.store.transaction(write=True) as db:
+            db.executemany("INSERT INTO tasks (id, title, body, tags, priority, poster, "
+                           "created, updated) VALUES (?, 'step', '', '', 0, 'alice', ?, ?)",
+                           [(task, T0, T0) for layer in ids for task in layer])
+            db.executemany("INSERT INTO task_deps (task_id, after_id) VALUES (?, ?)",
+                           [(task, above) for upper, layer in zip(ids, ids[1:])
+                            for task in layer for above in upper])
+        return ids
+
+    def test_the_cycle_check_walks_the_plan_once(self):
+        walks = []
+        self.store.close()
+        self.store = WalkCountingStore(self.store.path, walks.append)
+        ids = self.layered_plan()
+        top, bottom = ids[0][0], ids[-1]
+        last = self.ok("post_task", title="ship")["id"]
+        self.ok("update_task", id=last, after=bottom)        # 50 blockers, no cycle
+        # one query a layer, however many blockers (a walk each made 50 times as many)
+        self.assertLessEqual(len(walks), len(ids) + 1)
+        walks.clear()
+        error = self.refused(400, "update_task", id=top, after=bottom)
+        self.assertRegex(error, rf"cycle: #{top} -> #{bottom[0]} -> #\d+ .* -> #{top}$")
+        self.assertLessEqual(len(walks), len(ids) + 1)
+
+    def test_two_halves_of_a_cycle_made_at_once_are_never_both_taken(self):
+        pairs = [(self.ok("post_task", title=f"a{i}")["id"], self.ok("post_task",
+                  title=f"b{i}")["id"]) for i in range(24)]
+        start = threading.Barrier(2)
+
+        def half(index):
+            first, second = pairs[index // 2]
+            if index % 2:
+                first, second = second, first
+            start.wait()
+            return self.call("update_task", id=first, after=[second]).status
+        answers = []
+        for pair in range(len(pairs)):          # each pair's two halves race each other
+            answers += self.in_threads(2, lambda i, pair=pair: half(pair * 2 + i))
+        for first, second in pairs:
+            waits = [self.ok("task", id=task)["task"]["after"] for task in (first, second)]
+            self.assertFalse(waits[0] == [second] and waits[1] == [first], (first, second))
+        self.assertEqual(sorted(set(answers)), [200, 400])
 
     def test_claims_race_while_blockers_finish(self):
         """Claimers in threads never take a task before everything it waits for is done."""
