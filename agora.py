@@ -406,6 +406,11 @@ class StoreError(AgoraError):
     status = 500
 
 
+class Unavailable(StoreError):
+    """The server is stopping (its store is closed): ask again in a moment."""
+    status = 503
+
+
 class InternalError(AgoraError):
     """A bug in agora: the traceback went to the log, the caller gets a sentence."""
     status = 500
@@ -733,7 +738,7 @@ class Store:
     def _acquire(self):
         with self._pool_lock:
             if self._closed:
-                raise StoreError("the store is closed")
+                raise Unavailable("agora is stopping", hint="ask again in a moment")
             if self._pool:
                 return self._pool.pop()
         return self._connect()
@@ -3295,7 +3300,7 @@ class Writer:
         request = _Request(op, args, caller, now)
         with self.ready:
             if self.stopping:
-                raise StoreError("the server is stopping")
+                raise Unavailable("agora is stopping", hint="ask again in a moment")
             self.queue.append(request)
             self.ready.notify()
         request.done.acquire()
@@ -4363,6 +4368,9 @@ class RequestHandler:
         log, agent, what = "rest", "-", "-"
         try:
             body = self.read_body()
+            if self.server.stopping:
+                raise HTTPFailure(503, "agora is stopping; ask again in a moment",
+                                  headers=[("Retry-After", "1")], close=True)
             route = find_route(url.path)
             log = route.log
             if self.command not in route.methods:
@@ -4437,6 +4445,8 @@ class RequestHandler:
         if payload and not any(key == "Content-Type" for key, _ in headers):
             lines.append("Content-Type: application/json; charset=utf-8")
         lines += [f"{key}: {value}" for key, value in headers]
+        if self.server.stopping:
+            self.close_connection = True
         if self.close_connection:
             lines.append("Connection: close")
         self.server.watch(self.connection, self.server.send_timeout)
@@ -4471,6 +4481,7 @@ class Server:
     a2a_guest = None            # the agent A2A requests without a token act as
     a2a_block = A2A_DEFAULT_BLOCK   # longest hold of a blocking SendMessage, seconds
     allowed_hosts = None        # Host values answered (None: any)
+    stopping = False            # set once it closes: what still comes is told 503
 
     def __init__(self, address, handler, store, **settings):
         for name, value in settings.items():
@@ -4555,7 +4566,9 @@ class Server:
         super().shutdown_request(request)
 
     def server_close(self):
-        """Stop the watchdog and the writer, and close the listening socket."""
+        """Stop the watchdog and the writer, and close the listening socket; a request that
+        still comes on an open connection is answered 503 and the connection closed."""
+        self.stopping = True
         self.watchdog_stop.set()
         super().server_close()
         writer, self.store.writer = self.store.writer, None
@@ -4743,7 +4756,7 @@ def http_post(url, data, headers, timeout=REMOTE_TIMEOUT):
 
 # A remote refusal as the error class of its status.
 REFUSALS_BY_STATUS = {cls.status: cls for cls in (BadRequest, Unauthorized, Forbidden,
-                                                  NotFound, Conflict)}
+                                                  NotFound, Conflict, Unavailable)}
 
 
 def remote_call(url, token, name, args, want_json, timeout=REMOTE_TIMEOUT):

@@ -1567,6 +1567,38 @@ class ServerCase(unittest.TestCase):
 
 
 class RestTest(ServerCase):
+    """REST end to end: every path a client takes, and what it is refused."""
+
+    def test_a_request_after_the_server_closes_gets_503_and_the_connection_ends(self):
+        token = self.join("alice")
+        faces = {"/api/post": {"body": "before"}, "/mcp": {
+            "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "post", "arguments": {"body": "before"}}}}
+        open_connections = {}
+        for path, body in faces.items():        # keep-alive connections, each used once
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            conn.request("POST", path, body=json.dumps(body),
+                         headers={"Authorization": f"Bearer {token}"})
+            response = conn.getresponse()
+            response.read()
+            self.assertEqual(response.status, 200)
+            open_connections[path] = conn
+        self.server.shutdown()                  # what serve does on SIGTERM
+        self.server.server_close()
+        self.store.close()
+        for path, conn in open_connections.items():
+            with self.subTest(path=path):
+                conn.request("POST", path, body=json.dumps(faces[path]).replace("before",
+                                                                                  "after"),
+                             headers={"Authorization": f"Bearer {token}"})
+                response = conn.getresponse()
+                response.read()
+                self.assertEqual((response.status, response.getheader("Connection")),
+                                 (503, "close"))
+                self.assertEqual(response.getheader("Retry-After"), "1")
+                conn.close()
+
+
 
     def test_join_post_read_over_rest(self):
         alice, bob = self.join("alice"), self.join("bob")
