@@ -5785,8 +5785,10 @@ def hook_argv(event, client, identity):
 def hook_entry(client, event, identity):
     """Answer CLIENT's settings entry for agora's hook EVENT: one shell command line, which
     every client that reads the file runs alike (Copilot CLI runs Claude Code's hooks too,
-    as a shell string, ignoring any args)."""
-    command = shell_words(hook_argv(event, client, identity))
+    as a shell string, ignoring any args). The shell execs Python, so the process the
+    client ends at its timeout or at the session's end is agora's itself: a waiter the
+    shell left behind would hold the agent's wake lock for a day."""
+    command = "exec " + shell_words(hook_argv(event, client, identity))
     if client == "claude":
         entry = {"type": "command", "command": command, "timeout": 30}
         if event == "wake":         # an async hook's timeout defaults to 600 s

@@ -5416,9 +5416,12 @@ class HookInstallTest(unittest.TestCase):
 
     @staticmethod
     def argv(client, handler):
-        """Answer the words of HANDLER's command: one shell string, for every client."""
+        """Answer the words of the program HANDLER's command execs: one shell string, for
+        every client."""
         import shlex
-        return shlex.split(handler["command"])
+        words = shlex.split(handler["command"])
+        assert words[0] == "exec", handler["command"]
+        return words[1:]
 
     def test_each_client_gets_its_documented_shape(self):
         for client, (events, fields) in self.DOCUMENTED.items():
@@ -5468,6 +5471,29 @@ class HookInstallTest(unittest.TestCase):
             self.assertIn(f"hello {client}",
                           json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"])
         self.assertTrue(os.path.exists(cached_bytecode(self.home, AGORA)))
+
+    @unittest.skipUnless(os.path.exists("/proc/self/cmdline"), "reads /proc")
+    def test_the_process_a_client_ends_is_the_waiter_itself(self):
+        self.assertEqual(self.install("claude", "--as", "bob", "--db", self.db).returncode, 0)
+        wake = self.handlers("claude", json.loads(self.read("claude")))["Stop"][1]
+        hook = subprocess.Popen(["/bin/sh", "-c", wake["command"]], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=dict(os.environ, HOME=self.home,
+                                         CLAUDE_CODE_ENTRYPOINT="cli"))
+
+        def waiters():
+            found = []
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                with contextlib.suppress(OSError):
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        words = f.read().decode(errors="replace").split("\0")
+                    if "wake" in words and self.db in words:
+                        found.append((int(pid), words[0]))
+            return found
+        self.assertTrue(until(lambda: waiters() == [(hook.pid, sys.executable)]), waiters())
+        hook.terminate()                        # as the client ends it
+        hook.communicate(timeout=10)
+        self.assertTrue(until(lambda: not waiters(), 5), waiters())
 
     def test_everything_else_is_kept_and_again_changes_nothing(self):
         os.makedirs(os.path.dirname(self.path("claude")))
