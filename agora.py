@@ -2065,7 +2065,8 @@ HOLD = _integer(0, 86400, "seconds until unacked messages come back", default=0)
            "oldest first; wait blocks for some; hold: they come back until you ack.",
            {"limit": LIMIT, "wait": WAIT, "hold": HOLD})
 def op_read(store, caller, args, now):
-    """Deliver unread messages, waiting up to WAIT seconds for the first one."""
+    """Deliver unread messages, waiting up to WAIT seconds for the first one: for a post,
+    or for a hold of the caller's to run out (what it held then comes back)."""
     started, hold = time.monotonic(), args["hold"]
     with long_poll(store, caller.name, args["wait"]) as poll:
         while True:
@@ -2073,9 +2074,12 @@ def op_read(store, caller, args, now):
             with store.transaction(write=True) as db:
                 messages, remaining = _deliver(db, caller.name, args["limit"], at, hold)
                 newest = None if messages else _newest_id(db)
+                held_until = None if messages else _held(db, caller.name, at)[1]
             left = poll.deadline - time.monotonic()
             if messages or left <= 0:
                 break
+            if held_until is not None:
+                left = min(left, held_until - at)
             store.wait(lambda: store.marks()[0] > newest, left)
     body = {"messages": messages, "remaining": remaining.total}
     if hold and messages:

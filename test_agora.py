@@ -4152,6 +4152,14 @@ class HeldDeliveryTest(StoreCase):
         self.assertEqual(self.read(T0 + 1000).body["messages"], [])   # a plain read: final
         self.assertEqual(self.ok("brief", who="bob", now=T0 + 1000)["acks"]["held"], 0)
 
+    def test_a_read_wait_returns_when_a_hold_runs_out(self):
+        self.assertEqual(len(self.read(T0, hold=1).body["messages"]), 3)
+        began = time.monotonic()
+        again = self.read(T0, wait=10)          # nothing new is posted: the hold ends
+        self.assertEqual([(m["id"], m["redelivered"]) for m in again.body["messages"]],
+                         [(i, 1) for i in self.ids])
+        self.assertLess(time.monotonic() - began, 8)    # at the hold's end, not the wait's
+
     def test_ack_upto_ids_or_everything(self):
         self.read(T0, hold=60)
         self.assertEqual(self.ok("ack", who="bob", upto=self.ids[1]),
