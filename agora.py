@@ -2010,14 +2010,15 @@ def _deliver(db, me, limit, now, hold=0):
     answer (the messages, the Counts of what remains when some does).
 
     Invariant, per cursor: what lies at or below acked_id (with no hold, last_id) was
-    given for good, and so was each id in acked_past (acked out of turn); what else lies
-    past acked_id up to last_id is held for whoever got it, until held_until. A read
-    first takes back every hold that ran out, so its messages are given again (counted
-    in redelivered, up to redo_upto); what it gives is then held when it asks to HOLD,
-    or when a hold is under way on that cursor (the hold then lasts as long as its
-    longest), and given for good otherwise. It runs in the caller's write transaction,
-    so a message is in one reader's hands at a time, and its work grows with how many
-    readers ack out of turn, not with how much is held.
+    given for good, and so was each id in acked_past (acked out of turn, or given by a
+    plain read while a hold was under way); what else lies past acked_id up to last_id
+    is held for whoever got it, until held_until. A read first takes back every hold
+    that ran out, so its messages are given again (counted in redelivered, up to
+    redo_upto); what it gives is then held when it asks to HOLD (a hold under way then
+    lasts as long as its longest), and given for good otherwise: a plain read is final,
+    beside a hold too. It runs in the caller's write transaction, so a message is in one
+    reader's hands at a time, and its work grows with how many messages were made final
+    out of turn, not with how much is held.
     """
     where = {"me": me, "now": now, "until": now + hold}
     db.execute("UPDATE cursors SET redo_upto = max(coalesce(redo_upto, 0), last_id), "
@@ -2033,19 +2034,24 @@ def _deliver(db, me, limit, now, hold=0):
                             "LIMIT :limit", dict(where, channel=channel, after=0,
                                                  limit=limit + 1)).fetchall()
     batch.sort(key=lambda row: row["id"])
-    delivered, newest, given = [], {}, {}
+    delivered, given = [], {}
     for row in batch[:limit]:
         cursor = cursors[row["channel"]]
         again = row["id"] <= (cursor["redo_upto"] or 0)
         delivered.append(_message(row, cursor["redelivered"] if again else 0))
-        newest[row["channel"]] = row["id"]
-        given[row["channel"]] = given.get(row["channel"], 0) + 1
-    for channel, last_id in newest.items():
-        if hold or cursors[channel]["acked_id"] is not None:
+        given.setdefault(row["channel"], []).append(row["id"])
+    for channel, ids in given.items():
+        last_id = ids[-1]
+        if hold:
             db.execute("UPDATE cursors SET last_id = :last, acked_id = coalesce(acked_id, "
                        "last_id), held_until = max(coalesce(held_until, 0), :until), "
                        "held_count = held_count + :given WHERE agent = :me AND channel = :channel",
-                       dict(where, last=last_id, channel=channel, given=given[channel]))
+                       dict(where, last=last_id, channel=channel, given=len(ids)))
+        elif cursors[channel]["acked_id"] is not None:      # final, past a hold under way
+            past = ",".join(str(i) for i in _ids(cursors[channel]["acked_past"]) + ids)
+            db.execute("UPDATE cursors SET last_id = :last, acked_past = :past "
+                       "WHERE agent = :me AND channel = :channel",
+                       dict(where, last=last_id, channel=channel, past=past))
         else:
             past = ",".join(str(i) for i in _ids(cursors[channel]["acked_past"]) if i > last_id)
             db.execute("UPDATE cursors SET last_id = :last, redelivered = CASE WHEN :last >= "

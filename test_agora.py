@@ -4190,13 +4190,19 @@ class HeldDeliveryTest(StoreCase):
         self.ok("post", who="alice", to="bob", body="plain")
         self.assertNotIn("held", self.ok("read", who="bob", hold=0))   # 0 is a plain read
 
-    def test_a_plain_read_after_a_held_one_never_gives_what_is_held(self):
+    def test_a_plain_read_beside_a_hold_is_final(self):
         self.read(T0, hold=60, limit=2)
-        plain = self.read(T0 + 1)
+        plain = self.read(T0 + 1)               # never gives what is held, and is final
         self.assertEqual([m["id"] for m in plain.body["messages"]], [self.ids[2]])
-        # while a hold is under way, what a plain read gives is held with it
-        back = self.read(T0 + 61)
-        self.assertEqual([m["id"] for m in back.body["messages"]], self.ids)
+        self.assertEqual(self.ok("brief", who="bob", now=T0 + 2)["acks"]["held"], 2)
+        back = self.read(T0 + 61, hold=60)      # what was held comes back alone
+        self.assertEqual([(m["id"], m["redelivered"]) for m in back.body["messages"]],
+                         [(i, 1) for i in self.ids[:2]])
+        self.assertEqual(self.read(T0 + 62).body["messages"], [])
+        self.ok("ack", who="bob", now=T0 + 63)
+        later = self.ok("post", who="alice", to="bob", body="after the ack")["id"]
+        self.assertEqual([m["id"] for m in self.read(T0 + 500).body["messages"]], [later])
+        self.assertEqual(self.read(T0 + 1000).body["messages"], [])
 
     def test_what_waits_on_acknowledgements_is_in_the_brief(self):
         self.ok("post", who="alice", to="bob", body="sign this", ack=True)
