@@ -757,7 +757,7 @@ class MessageIndexTest(StoreCase):
                        if "messages_fts_insert" in statement)
         con = sqlite3.connect(self.db, isolation_level=None)   # as schema 8 left a file
         con.execute("DELETE FROM messages_fts")
-        con.execute("DELETE FROM counters WHERE name = 'indexed'")
+        con.execute("DELETE FROM counters WHERE name IN ('indexed', 'deps')")
         con.execute(trigger)
         con.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
         con.execute("INSERT INTO messages (channel, sender, body, ts) "
@@ -1434,10 +1434,11 @@ class StoreFileTest(unittest.TestCase):
         result = outcome(store, "history", {"channel": "public"}, agora.Caller("a", True))
         self.assertEqual([m["body"] for m in result.body["messages"]], ["kept"])
 
-    def test_closed_store_refuses(self):
+    def test_a_closed_store_refuses_as_agora_stopping(self):
         store = agora.Store(self.path)
         store.close()
-        self.assertEqual(outcome(store, "agents", {}, agora.Caller("a", True)).status, 500)
+        refused = outcome(store, "agents", {}, agora.Caller("a", True))
+        self.assertEqual((refused.status, refused.body["error"]), (503, "agora is stopping"))
 
 
 ###############################################################################
