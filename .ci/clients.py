@@ -519,7 +519,7 @@ def chain_after_session_start(path, argv):
     (the brief marks what it reports as told, and a headless run has no gap between
     its start and its prompt)."""
     rewrite_hooks(path, lambda command, event: command if event != "session-start"
-                  else f"{command}; {shlex.join(argv)} >/dev/null 2>&1")
+                  else f"({command}); {shlex.join(argv)} >/dev/null 2>&1")   # it execs
 
 
 def post_argv(db, to, body, sender="bob"):
