@@ -3318,10 +3318,10 @@ class CodeAgoraRunsTest(unittest.TestCase):
                               capture_output=True, text=True, timeout=60,
                               env=dict(self.env, **(env or {})))
 
-    def check_every_face(self, script):
-        """Install and run SCRIPT's hooks and guard, and start its stdio and serve, all in
-        the project: each works."""
-        for client in agora.HOOK_CLIENTS:
+    def check_every_face(self, script, clients=agora.HOOK_CLIENTS):
+        """Install and run SCRIPT's hooks (for CLIENTS) and guard, and start its stdio and
+        serve, all in the project: each works."""
+        for client in clients:
             done = self.run_agora(script, "hook", "install", client, "--as", "bob",
                                   "--db", self.db)
             self.assertEqual(done.returncode, 0, done.stderr)
@@ -3386,9 +3386,9 @@ class CodeAgoraRunsTest(unittest.TestCase):
         shutil.copy(AGORA, named)
         linked = os.path.join(self.dir, "bin", "agora-link")
         os.symlink(AGORA, linked)
-        for script in (named, linked):
+        for script in (named, linked):          # every client's hooks share one launcher
             with self.subTest(script=script):
-                self.check_every_face(script)
+                self.check_every_face(script, clients=("claude",))
 
     def planted(self, folder, source, unchecked=True):
         """Write bytecode for SOURCE into FOLDER as Python would name it, compiled from
@@ -4616,7 +4616,15 @@ class ReservationBoundsTest(StoreCase):
 
 
 class HookCase(unittest.TestCase):
-    """A store on a temporary file where bob has arrived, and hooks run on it."""
+    """A store on a temporary file where bob has arrived, and hooks run on it as the
+    written hooks run them: through the launcher, from a bytecode cache of their own."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.home = tempfile.mkdtemp(prefix="agora-test-home-")
+        cls.addClassCleanup(shutil.rmtree, cls.home, True)
+        with unittest.mock.patch.dict(os.environ, HOME=cls.home):
+            assert agora.cache_bytecode()
 
     def setUp(self):
         self.dir = temp_dir(self)
@@ -4631,9 +4639,9 @@ class HookCase(unittest.TestCase):
     def hook(self, *argv, stdin="{}", env=None):
         """Run the hook in a real process, as an interactive Claude Code session would;
         answer (exit status, stdout, stderr)."""
-        done = subprocess.run([sys.executable, AGORA, "hook", *argv, "--db", self.db],
+        done = subprocess.run(agora.agora_argv("hook", *argv, "--db", self.db),
                               input=stdin, capture_output=True, text=True, timeout=30,
-                              env=dict(os.environ, AGORA_AS="", AGORA_URL="",
+                              env=dict(os.environ, AGORA_AS="", AGORA_URL="", HOME=self.home,
                                        **dict({"CLAUDE_CODE_ENTRYPOINT": "cli"}, **(env or {}))))
         return done.returncode, done.stdout, done.stderr
 
@@ -5312,16 +5320,19 @@ class HookTest(HookCase):
         self.assertIn("for the remote waiter", done.stdout)
 
     def test_wake_exits_2_with_the_news_on_stderr_or_0_at_its_timeout(self):
-        lock = agora.wake_lock_path(f"{os.path.abspath(self.db)}\0bob")
+        with unittest.mock.patch.dict(os.environ, HOME=self.home):
+            lock = agora.wake_lock_path(f"{os.path.abspath(self.db)}\0bob")
         self.addCleanup(lambda: os.path.exists(lock) and os.remove(lock))
         started = time.monotonic()
         self.assertEqual(self.hook("wake", "--as", "bob", "--timeout", "1"), (0, "", ""))
         self.assertLess(time.monotonic() - started, 10)
         os.remove(lock)
-        wake = subprocess.Popen([sys.executable, AGORA, "hook", "wake", "--as", "bob",
-                                 "--timeout", "60", "--db", self.db], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=dict(os.environ, CLAUDE_CODE_ENTRYPOINT="cli"))
+        wake = subprocess.Popen(agora.agora_argv("hook", "wake", "--as", "bob", "--timeout",
+                                                 "60", "--db", self.db),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, CLAUDE_CODE_ENTRYPOINT="cli",
+                                         HOME=self.home))
         self.addCleanup(lambda: wake.poll() is None and wake.kill())
         self.assertTrue(until(lambda: os.path.exists(lock)))       # the first one holds it
         second = self.hook("wake", "--as", "bob", "--timeout", "30")   # one wake per agent
