@@ -999,13 +999,26 @@ class Store:
 # Operation catalog and handlers ##############################################
 ###############################################################################
 
-Caller = namedtuple("Caller", "name asserted token", defaults=(None, False, None))
+Caller = namedtuple("Caller", "name asserted token listening",
+                    defaults=(None, False, None, None))
 Caller.__doc__ = """Who is calling: NAME, and how we know.
 
 ASSERTED: the name was asserted by whoever started this process (the CLI's
 --as, stdio, the A2A guest): the file is the trust boundary. Otherwise the
-caller is whoever holds TOKEN (None: no token was sent).
+caller is whoever holds TOKEN (None: no token was sent). LISTENING, where a
+face can tell, answers whether the caller can still take an answer (HTTP: its
+client has not closed the connection; stdio: its input has not ended).
 """
+
+
+def still_listening(caller):
+    """Answer whether CALLER can still take an answer (as far as its face can tell).
+
+    A delivery is final only once its answer can be handed over: a long-poll asks this
+    when its news comes, and delivers nothing (tells nothing) to a caller that hung up
+    while it waited, so the messages come to the next read.
+    """
+    return caller.listening is None or caller.listening()
 
 # Whoever runs agora on its file without naming an agent: it may only join (and rotate
 # any agent's token).
@@ -2073,10 +2086,13 @@ HOLD = _integer(0, 86400, "seconds until unacked messages come back", default=0)
 def op_read(store, caller, args, now):
     """Deliver unread messages, waiting up to WAIT seconds for the first one: for a post,
     or for a hold of the caller's to run out (what it held then comes back)."""
-    started, hold = time.monotonic(), args["hold"]
+    started, hold, waited = time.monotonic(), args["hold"], False
     with long_poll(store, caller.name, args["wait"]) as poll:
         while True:
             at = now + int(time.monotonic() - started)
+            if waited and not still_listening(caller):      # it hung up while it waited
+                messages, remaining = [], Counts({}, 0, False, 0)
+                break
             with store.transaction(write=True) as db:
                 messages, remaining = _deliver(db, caller.name, args["limit"], at, hold)
                 newest = None if messages else _newest_id(db)
@@ -2087,6 +2103,7 @@ def op_read(store, caller, args, now):
             if held_until is not None:
                 left = min(left, held_until - at)
             store.wait(lambda: store.marks()[0] > newest, left)
+            waited = True
     body = {"messages": messages, "remaining": remaining.total}
     if hold and messages:
         body["held"] = {"until": at + hold, "upto": max(m["id"] for m in messages)}
@@ -2391,10 +2408,13 @@ def op_search(store, caller, args, now):
            {"wait": WAIT, "tasks": FLAG, "peek": FLAG})
 def op_news(store, caller, args, now):
     """Report untold unread messages (and ready tasks), waiting up to WAIT seconds."""
-    me, started = caller.name, time.monotonic()
+    me, started, waited = caller.name, time.monotonic(), False
     with long_poll(store, me, args["wait"]) as poll:
         while True:
             at = now + int(time.monotonic() - started)
+            if waited and not still_listening(caller):      # it hung up: nothing is told
+                previews, counts, tasks = [], Counts({}, 0, False, 0), []
+                break
             with store.transaction() as db:
                 previews, counts, tasks = _untold(db, me, args["tasks"], at)
                 marks = tuple(db.execute(MARKS).fetchone())
@@ -2411,6 +2431,7 @@ def op_news(store, caller, args, now):
             # a lease that runs out puts its task back on the board: that is news too
             store.wait(lambda: store.marks() != marks,
                        left if lease_ends is None else min(left, lease_ends - at))
+            waited = True
     summary = news_summary(previews, counts.total, tasks, now, counts.capped)
     return Result({"count": counts.total, "messages": previews, "tasks": tasks,
                    "summary": summary}, summary)
@@ -4170,7 +4191,7 @@ def a2a_face(server, request):
     """Answer one A2A JSON-RPC message: the task board as an agent."""
     caller = request.caller
     if caller.name is None and caller.token is None and server.a2a_guest:
-        caller = Caller(server.a2a_guest, True)
+        caller = caller._replace(name=server.a2a_guest, asserted=True)
     reply = A2AEndpoint(server.store, caller, request.headers, server.a2a_block).answer(
         request.body)
     payload = b"" if reply.message is None else json_bytes(reply.message)
@@ -4390,6 +4411,7 @@ class RequestHandler:
             self.check_origin()
             self.server.watch(self.connection, None)     # a face may wait (long polls)
             caller = bearer_caller(self.server.store, self.headers.get("Authorization"))
+            caller = caller._replace(listening=self.client_listening)
             answer = route.face(self.server, HttpRequest(self.command, url.path, url.query,
                                                          self.headers, body, caller, route))
             status, payload, headers, what = answer[:4]
@@ -4432,6 +4454,18 @@ class RequestHandler:
         if len(body) < length:
             raise HTTPFailure(400, "the request body ended early", close=True)
         return body
+
+    def client_listening(self):
+        """Answer whether the client can still take an answer: not once it has closed its
+        side of the connection (a read that would not block finds the end), as a client
+        does that gives up waiting, times out or is killed."""
+        import socket
+        try:
+            return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:         # nothing sent, nothing closed
+            return True
+        except OSError:
+            return False
 
     def check_origin(self):
         """Refuse a Host or Origin this server does not answer to (DNS rebinding)."""
@@ -4690,14 +4724,16 @@ def serve(store, host, port, **options):
 STDIO_EXIT_GRACE = 2.0      # seconds calls still running at end of input may finish
 
 
-def serve_stdio(answer, stdin, stdout, on_initialized=None):
+def serve_stdio(answer, stdin, stdout, on_initialized=None, ended=None):
     """Speak MCP on binary streams, one JSON message per line; answer 0 at end of input.
 
     ANSWER(line) gives the reply to one message (None for none). Each message is
     answered in its own thread, so a long read wait=... never holds up a ping or
     another call arriving on the same input. ON_INITIALIZED(write), if given,
     runs in a thread of its own once the client says notifications/initialized;
-    WRITE(message) is the one way onto stdout, so lines never interleave.
+    WRITE(message) is the one way onto stdout, so lines never interleave. ENDED, an
+    Event, is set when the input ends: the client has gone, and calls still running
+    then (for a short grace) have nobody to answer.
     """
     write_lock = threading.Lock()
     running = []
@@ -4716,6 +4752,8 @@ def serve_stdio(answer, stdin, stdout, on_initialized=None):
     while True:
         line = stdin.readline(MAX_REQUEST_BODY + 1)
         if not line:
+            if ended is not None:
+                ended.set()
             break
         if len(line) > MAX_REQUEST_BODY and not line.endswith(b"\n"):
             while line and not line.endswith(b"\n"):       # skip the rest of it
@@ -5739,6 +5777,7 @@ def channel_notifier(link, tasks):
 
 def _stdio_command(options):
     link = _link(options)
+    ended = threading.Event()       # set when the client's input ends
     notifier = channel_notifier(link, options.tasks) if options.channel else None
     protocol_out, sys.stdout = sys.stdout, sys.stderr   # stray prints must not reach stdout
     try:
@@ -5746,11 +5785,12 @@ def _stdio_command(options):
             answer = bridge_answer(options.url, bearer_token(options), options.channel)
         else:
             ensure_local_agent(link.store, link.name, int(time.time()))
-            endpoint = McpEndpoint(link.store, Caller(link.name, True), channel=options.channel)
+            caller = Caller(link.name, True, listening=lambda: not ended.is_set())
+            endpoint = McpEndpoint(link.store, caller, channel=options.channel)
 
             def answer(line):
                 return endpoint.answer(line).message
-        return serve_stdio(answer, sys.stdin.buffer, protocol_out.buffer, notifier)
+        return serve_stdio(answer, sys.stdin.buffer, protocol_out.buffer, notifier, ended)
     finally:
         link.close()
         sys.stdout = protocol_out

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -2162,6 +2163,48 @@ class HeadTest(unittest.TestCase):
                 self.assertEqual(self.status(head), status)
 
 
+class HangUpTest(ServerCase):
+    """A long-poll whose client hangs up while it waits delivers nothing, and tells nothing:
+    what comes meanwhile comes to the next read (a hang-up, then a post, then a read)."""
+
+    def setUp(self):
+        super().setUp()
+        self.token = self.join("bob")
+        agora.call(self.store, "brief", {}, agora.Caller("bob", True))
+
+    def hang_up_then_post(self, path, body, pause):
+        """Send BODY to PATH as bob, close the connection while it waits, wait PAUSE
+        seconds, post bob a message, and let the long-poll finish; answer the message's id."""
+        waiting = when_waiting(self.store)
+        data = json.dumps(body).encode()
+        client = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        client.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer "
+                       b"%s\r\nContent-Length: %d\r\n\r\n%s" % (
+                           path.encode(), self.port, self.token.encode(), len(data), data))
+        self.assertTrue(waiting.wait(10))
+        client.close()                          # the client gives up
+        time.sleep(pause)
+        posted = agora.call(self.store, "post", {"to": "bob", "body": f"{path} after {pause} s"},
+                            agora.Caller("alice", True)).body["id"]
+        self.assertTrue(until(lambda: not self.store._long_polls))     # the wait is over
+        return posted
+
+    def test_a_read_wait_that_was_hung_up_on_loses_nothing(self):
+        read = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "read", "arguments": {"wait": 20}}}
+        for path, body in (("/api/read", {"wait": 20}), ("/mcp", read)):
+            for pause in (0, 0.3):
+                with self.subTest(path=path, pause=pause):
+                    posted = self.hang_up_then_post(path, body, pause)
+                    got = agora.call(self.store, "read", {}, agora.Caller("bob", True)).body
+                    self.assertEqual([m["id"] for m in got["messages"]], [posted])
+
+    def test_a_news_wait_that_was_hung_up_on_tells_nothing(self):
+        posted = self.hang_up_then_post("/api/news", {"wait": 20}, 0)
+        news = agora.call(self.store, "news", {"peek": True}, agora.Caller("bob", True)).body
+        self.assertEqual([m["id"] for m in news["messages"]], [posted])
+
+
 class PrivacyEveryFaceTest(ServerCase):
     """A direct message between bob and carol, probed by alice through every face."""
 
@@ -2615,6 +2658,23 @@ class McpStdioTest(unittest.TestCase):
             message["params"] = params
         process.stdin.write(json.dumps(message).encode() + b"\n")
         process.stdin.flush()
+
+    def test_a_read_wait_whose_client_went_away_loses_nothing(self):
+        store = agora.Store(self.db)
+        self.addCleanup(store.close)
+        agora.call(store, "brief", {}, agora.Caller("bob", True))
+        process = self.start("--as", "bob")
+        waiting = subprocess.run([sys.executable, AGORA, "news", "peek=true", "--as", "bob",
+                                  "--db", self.db], capture_output=True)   # bob is there
+        self.assertEqual(waiting.returncode, 0)
+        self.send(process, 1, "tools/call", {"name": "read", "arguments": {"wait": 20}})
+        time.sleep(0.5)                         # the read waits
+        process.stdin.close()                   # the client goes away
+        posted = agora.call(store, "post", {"to": "bob", "body": "after the client left"},
+                            agora.Caller("alice", True)).body["id"]
+        self.assertEqual(process.wait(20), 0)
+        got = agora.call(store, "read", {}, agora.Caller("bob", True)).body
+        self.assertEqual([m["id"] for m in got["messages"]], [posted])
 
     def test_a_session_over_stdio(self):
         process = self.start("--as", "sam")
