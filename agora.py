@@ -16,6 +16,7 @@ Run it::
     python3 agora.py wait --as alice             # block until there is news for alice
     python3 agora.py hook install claude --as alice   # Claude Code hears of it too
     python3 agora.py guard install --as alice    # git refuses commits on others' paths
+    python3 agora.py install                     # the agora command, quick to start
     python3 agora.py backup /backups/agora.db    # a consistent copy, while others write
     python3 agora.py check                       # the file's integrity, schema and counts
     python3 agora.py ops                         # every operation and its arguments
@@ -36,7 +37,8 @@ The file, top to bottom (each part builds only on what comes before it):
     JSON-RPC, MCP, A2A     the envelope the two share, and each protocol over call()
     HTTP                   the faces (REST, MCP, A2A, the card, the page), framing
     stdio, Remote          MCP on stdin/stdout; the CLI and the bridge to a server
-    Command line           backup and check; waking (hooks, wait, the channel);
+    Command line           the launcher every written command runs, and install;
+                           backup and check; waking (hooks, wait, the channel);
                            the git guard; serve; main
     Web                    the page's HTML, CSS and script (inert data)
 """
