@@ -4462,9 +4462,13 @@ class RequestHandler:
         side of the connection (a read that would not block finds the end), as a client
         does that gives up waiting, times out or is killed."""
         import socket
+        if not hasattr(socket, "MSG_DONTWAIT"):
+            return True                 # no look without waiting here (Windows): cannot tell
         try:
             return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
         except BlockingIOError:         # nothing sent, nothing closed
+            return True
+        except ValueError:              # a TLS socket takes no flags: cannot tell
             return True
         except OSError:
             return False
