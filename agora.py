@@ -1044,17 +1044,26 @@ class Result:
         return self._text
 
 
+# How an operation runs (Operation.runs), on a server as anywhere else:
+ON_WRITER = "writer"        # the server's writer thread runs it, in a turn shared with
+                            # other writes and one commit (Writer)
+OWN_TURN = "own turn"       # its caller's thread, writing in a turn of its own
+AS_READ = "read"            # its caller's thread, reading a snapshot; it writes nothing
+
+
 class Operation(namedtuple("Operation",
-                           "name summary schema readonly open hidden own_turn handler")):
+                           "name summary schema readonly open hidden runs waits handler")):
     """One catalog entry: every face (REST, MCP, CLI, A2A) is derived from these.
 
     A HIDDEN operation is one a face is built on rather than one it offers: call()
     serves it like any other (identity, validation, touch, refusals), but no face
-    lists it (public_operations). One with its OWN_TURN writes in a turn of its own on
-    its caller's thread, never on a server's writer: reserve, which works out at length
-    before its write block what it will write (its overlap checks), lest that work hold
-    up the writes of others; and join, whose token rotation must hold the token marker
-    until its commit is done (Store.token_rotation)."""
+    lists it (public_operations). RUNS says where it runs: AS_READ when READONLY,
+    else ON_WRITER, or OWN_TURN for an operation that must not hold up the writer:
+    reserve and update_task, which work out at length before their write block what
+    they will write (overlap and cycle checks); and join, whose token rotation must
+    hold the token marker until its commit is done (Store.token_rotation). WAITS names
+    the argument that makes it wait (a long-poll): given, it runs on its caller's thread
+    too, since a wait on the writer would hold up every write behind it."""
 
     __slots__ = ()
 
@@ -1078,16 +1087,17 @@ CATALOG = {}
 
 
 def operation(name, summary, properties=None, required=(), readonly=False, open=False,
-              hidden=False, own_turn=False):
-    """Register the decorated handler as operation NAME in the catalog."""
+              hidden=False, runs=None, waits=None):
+    """Register the decorated handler as operation NAME in the catalog (RUNS: AS_READ
+    when READONLY, else ON_WRITER unless given)."""
     schema = {"type": "object", "properties": properties or {},
               "additionalProperties": False}
     if required:
         schema["required"] = list(required)
 
     def register(handler):
-        CATALOG[name] = Operation(name, summary, schema, readonly, open, hidden, own_turn,
-                                  handler)
+        CATALOG[name] = Operation(name, summary, schema, readonly, open, hidden,
+                                  runs or (AS_READ if readonly else ON_WRITER), waits, handler)
         return handler
     return register
 
@@ -1667,7 +1677,7 @@ def may_rotate(caller, name):
            "yourself rotates it.",
            {"name": NAME, "about": _string(0, 500, "what you do"),
             "key": _string(0, 200, "the server's join key")},
-           required=["name"], open=True, own_turn=True)
+           required=["name"], open=True, runs=OWN_TURN)
 def op_join(store, caller, args, now):
     """Register NAME, or rotate its token when the caller may (may_rotate)."""
     import hmac
@@ -1959,9 +1969,10 @@ def op_post(store, caller, args, now):
     if args["ack"] and to is None:
         raise BadRequest("ack asks one recipient to acknowledge: it goes with direct mail",
                          hint="post to=AGENT ack=true")
-    # Agents, channels and messages are never deleted, so these checks need not
-    # hold the write lock: what exists now still exists at the insert. A channel's
-    # existence is checked by the insert itself: a post is one statement.
+    # Agents, channels and messages are never deleted, so what these checks find still
+    # holds at the insert, wherever they run (alone they take no write lock; on a server
+    # they run in the writer's turn). A channel's existence is checked by the insert
+    # itself: a post is one statement.
     if to is not None or args["reply_to"] is not None:
         with store.autocommit() as db:
             if to is not None and not _agent_exists(db, to):
@@ -2084,7 +2095,7 @@ HOLD = _integer(0, 86400, "seconds until unacked messages come back", default=0)
 
 @operation("read", "Deliver your new messages (mailbox, followed channels) once each, "
            "oldest first; wait blocks for some; hold: they come back until you ack.",
-           {"limit": LIMIT, "wait": WAIT, "hold": HOLD})
+           {"limit": LIMIT, "wait": WAIT, "hold": HOLD}, waits="wait")
 def op_read(store, caller, args, now):
     """Deliver unread messages, waiting up to WAIT seconds for the first one: for a post,
     or for a hold of the caller's to run out (what it held then comes back)."""
@@ -2407,7 +2418,7 @@ def op_search(store, caller, args, now):
 
 @operation("news", "Unread messages not told to you yet (read still takes them), with "
            "tasks=true tasks now ready. Marks them told unless peek.",
-           {"wait": WAIT, "tasks": FLAG, "peek": FLAG})
+           {"wait": WAIT, "tasks": FLAG, "peek": FLAG}, waits="wait")
 def op_news(store, caller, args, now):
     """Report untold unread messages (and ready tasks), waiting up to WAIT seconds."""
     me, started, waited = caller.name, time.monotonic(), False
@@ -2536,7 +2547,7 @@ def op_post_task(store, caller, args, now):
 @operation("update_task", "Change an open task you posted; after replaces its list.",
            {"id": ID, "title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS,
             "priority": _integer(-1000, 1000), "after": AFTER},
-           required=["id"], own_turn=True)
+           required=["id"], runs=OWN_TURN)
 def op_update_task(store, caller, args, now):
     """Change the given fields of an open task the caller posted.
 
@@ -2970,7 +2981,7 @@ PATTERNS = {"type": "array", "items": _string(1, 300), "maxItems": MAX_PATTERNS,
             "lease": _integer(1, 86400, "seconds", default=3600),
             "exclusive": {"type": "boolean", "default": True},
             "reason": _string(0, 200, "why, for the others")},
-           required=["paths"], own_turn=True)
+           required=["paths"], runs=OWN_TURN)
 def op_reserve(store, caller, args, now):
     """Grant every pattern, or none when another agent's live reservation overlaps one.
 
@@ -3307,10 +3318,9 @@ class Writer:
     operation that fails undoes its own savepoints alone and answers its own refusal
     (a bug in it is its 500, and the thread goes on); a commit that fails fails every
     request of the turn; and SQLite's work stays in one thread instead of handing the
-    GIL around among handler threads at every statement. It takes only what it may
-    (takes): not a long-poll, which would hold up every writer behind it, nor an
-    operation with a turn of its own (Operation), nor a block already in a transaction
-    of its own thread, which must finish there.
+    GIL around among handler threads at every statement. It takes only what the catalog
+    says runs ON_WRITER (Operation.runs), unless it is asked to wait, nor a block already
+    in a transaction of its own thread, which must finish there.
     """
 
     def __init__(self, store):
@@ -3322,7 +3332,7 @@ class Writer:
 
     def takes(self, op, args):
         """Answer whether the writer thread should run OP with (validated) ARGS."""
-        return (not op.readonly and not op.own_turn and not args.get("wait")
+        return (op.runs == ON_WRITER and not (op.waits and args[op.waits])
                 and threading.current_thread() is not self.thread
                 and self.store.writes.connection() is None)
 

@@ -1775,6 +1775,19 @@ class WriterTest(ServerCase):
             thread.join(30)
         return answers
 
+    def test_the_writer_takes_what_the_catalog_says_runs_on_it(self):
+        writer = self.store.writer
+        for op in agora.CATALOG.values():
+            with self.subTest(op=op.name):
+                self.assertEqual(writer.takes(op, {op.waits: 0} if op.waits else {}),
+                                 op.runs == agora.ON_WRITER)
+                if op.waits:                    # asked to wait: never on the writer
+                    self.assertFalse(writer.takes(op, {op.waits: 5}))
+        self.assertEqual({op.name for op in agora.CATALOG.values() if op.runs == agora.OWN_TURN},
+                         {"join", "reserve", "update_task"})
+        self.assertEqual({op.name for op in agora.CATALOG.values() if op.waits},
+                         {"read", "news"})
+
     def test_nothing_is_answered_before_its_commit(self):
         token = self.join("alice")
         original = self.store.writes.before_commit
