@@ -331,7 +331,8 @@ UPDATE tasks SET ready_seq = NULL WHERE status != 'open';
 DROP TRIGGER IF EXISTS messages_fts_insert;
 INSERT INTO counters VALUES ('indexed', (SELECT coalesce(max(id), 0) FROM messages));
 """,
-    # 'deps' counts the changes to what tasks wait for: a cycle check made on a snapshot
+    # 'deps' counts the changes to what existing tasks wait for (update_task; a new task
+    # closes no cycle, since nothing waits for it yet): a cycle check made on a snapshot
     # walks again in the write turn only when the graph changed meanwhile.
     9: """
 INSERT INTO counters VALUES ('deps', 0);
@@ -411,6 +412,9 @@ class StoreError(AgoraError):
 class Unavailable(StoreError):
     """The server is stopping (its store is closed): ask again in a moment."""
     status = 503
+
+    def __init__(self, message="agora is stopping", hint="ask again in a moment", **fields):
+        super().__init__(message, hint, **fields)
 
 
 class InternalError(AgoraError):
@@ -740,7 +744,7 @@ class Store:
     def _acquire(self):
         with self._pool_lock:
             if self._closed:
-                raise Unavailable("agora is stopping", hint="ask again in a moment")
+                raise Unavailable()
             if self._pool:
                 return self._pool.pop()
         return self._connect()
@@ -1022,6 +1026,7 @@ def still_listening(caller):
     """
     return caller.listening is None or caller.listening()
 
+
 # Whoever runs agora on its file without naming an agent: it may only join (and rotate
 # any agent's token).
 OPERATOR = Caller(None, True)
@@ -1286,6 +1291,7 @@ UNREAD_FOR_ME = (f"m.channel = c.channel AND m.id > max({READ_FROM}, :after) AND
 Counts = namedtuple("Counts", "channels total capped newest")
 Counts.__doc__ = """Messages counted per channel ({channel: n}), their TOTAL, whether some
 count stopped at COUNT_CAP (the total is then a lower bound), and the newest id."""
+NO_COUNTS = Counts({}, 0, False, 0)
 
 
 def _count(db, channel, after, upto, me, skip="", cap=COUNT_CAP):
@@ -2085,7 +2091,7 @@ def _deliver(db, me, limit, now, hold=0):
                        "WHEN :last >= coalesce(redo_upto, 0) THEN NULL ELSE redo_upto END, "
                        "acked_past = :past WHERE agent = :me AND channel = :channel",
                        dict(where, last=last_id, channel=channel, past=past or None))
-    remaining = _unread(db, me, now) if len(batch) > limit else Counts({}, 0, False, 0)
+    remaining = _unread(db, me, now) if len(batch) > limit else NO_COUNTS
     return delivered, remaining
 
 
@@ -2104,12 +2110,13 @@ def op_read(store, caller, args, now):
         while True:
             at = now + int(time.monotonic() - started)
             if waited and not still_listening(caller):      # it hung up while it waited
-                messages, remaining = [], Counts({}, 0, False, 0)
+                messages, remaining = [], NO_COUNTS
                 break
             with store.transaction(write=True) as db:
                 messages, remaining = _deliver(db, caller.name, args["limit"], at, hold)
                 newest = None if messages else _newest_id(db)
-                held_until = None if messages else _held(db, caller.name, at)[1]
+                held_until = None if messages or not args["wait"] else _held(
+                    db, caller.name, at)[1]
             left = poll.deadline - time.monotonic()
             if messages or left <= 0:
                 break
@@ -2426,7 +2433,7 @@ def op_news(store, caller, args, now):
         while True:
             at = now + int(time.monotonic() - started)
             if waited and not still_listening(caller):      # it hung up: nothing is told
-                previews, counts, tasks = [], Counts({}, 0, False, 0), []
+                previews, counts, tasks = [], NO_COUNTS, []
                 break
             with store.transaction() as db:
                 previews, counts, tasks = _untold(db, me, args["tasks"], at)
@@ -2464,6 +2471,7 @@ TASK_LISTS = {
 
 
 DEPS_CHANGES = "SELECT value FROM counters WHERE name = 'deps'"
+DEPS_CHANGED = "UPDATE counters SET value = value + 1 WHERE name = 'deps'"
 WALK_STEP = 500             # tasks one query of a walk asks about (SQLite's variables)
 
 
@@ -2511,7 +2519,6 @@ def _set_after(db, task_id, after):
     db.execute("DELETE FROM task_deps WHERE task_id = ?", (task_id,))
     db.executemany("INSERT INTO task_deps (task_id, after_id) VALUES (?, ?)",
                    [(task_id, other) for other in after])
-    db.execute("UPDATE counters SET value = value + 1 WHERE name = 'deps'")
 
 
 AFTER = {"type": "array", "items": ID, "maxItems": MAX_AFTER,
@@ -2579,6 +2586,7 @@ def op_update_task(store, caller, args, now):
             if db.execute(DEPS_CHANGES).fetchone()[0] != walked:
                 _check_after(db, task["id"], after)
             _set_after(db, task["id"], after)
+            db.execute(DEPS_CHANGED)
         db.execute(f"UPDATE tasks SET {''.join(f'{field} = :{field}, ' for field in changes)}"
                    "updated = :now WHERE id = :id", dict(changes, now=now, id=task["id"]))
         db.execute(f"UPDATE tasks SET ready_seq = NULL WHERE id = ? AND {WAITING}",
@@ -3343,7 +3351,7 @@ class Writer:
         request = _Request(op, args, caller, now)
         with self.ready:
             if self.stopping:
-                raise Unavailable("agora is stopping", hint="ask again in a moment")
+                raise Unavailable()
             self.queue.append(request)
             self.ready.notify()
         request.done.acquire()
@@ -4412,8 +4420,8 @@ class RequestHandler:
         try:
             body = self.read_body()
             if self.server.stopping:
-                raise HTTPFailure(503, "agora is stopping; ask again in a moment",
-                                  headers=[("Retry-After", "1")], close=True)
+                raise HTTPFailure(503, Unavailable().text, headers=[("Retry-After", "1")],
+                                  close=True)
             route = find_route(url.path)
             log = route.log
             if self.command not in route.methods:
@@ -5457,8 +5465,9 @@ def _backup_command(options):
             with contextlib.suppress(OSError):
                 os.remove(temp)
             raise
-    except OSError as error:
-        raise StoreError(f"the backup to {target} failed: {error.strerror or error}") from None
+    except (OSError, sqlite3.Error) as error:
+        raise StoreError(f"the backup to {target} failed: "
+                         f"{getattr(error, 'strerror', None) or error}") from None
     finally:
         store.close()
     print(f"backed up {source} to {target}: {_size_text(os.path.getsize(target))}, {summary}")
