@@ -4347,7 +4347,8 @@ class RequestHandler:
         self.server.watch(self.connection, self.server.request_timeout)
         self.command, self.request_version, self.close_connection = None, "HTTP/0.9", True
         line = head_line(self.raw_requestline)
-        self.requestline = str(self.raw_requestline, "iso-8859-1").strip() if line is None else line
+        self.requestline = (str(self.raw_requestline, "iso-8859-1").strip() if line is None
+                            else line)          # refused below, shown as sent in the log
         words = self.requestline.split()
         if not words:
             return False

@@ -3390,6 +3390,11 @@ class CodeAgoraRunsTest(unittest.TestCase):
                               input=stdin, capture_output=True, text=True, timeout=60,
                               env=self.env)
 
+    @staticmethod
+    def launched(script, *words):
+        """Answer the shell command line that runs SCRIPT's WORDS as agora writes it."""
+        return agora.shell_words(agora.agora_argv()[:5] + [script, *words])
+
     def shell(self, command, stdin="{}", env=None):
         """Run a written command line as a client does: a shell string, in the project."""
         return subprocess.run(["/bin/sh", "-c", command], cwd=self.project, input=stdin,
@@ -3414,8 +3419,8 @@ class CodeAgoraRunsTest(unittest.TestCase):
                 self.assertEqual((ran.returncode, ran.stderr), (0, ""), handler["command"])
         agora.call(self.store, "post", {"body": f"for bob, by {script}"},
                    agora.Caller("alice", True))
-        prompt = self.shell(agora.shell_words(agora.agora_argv()[:5] + [
-            script, "hook", "prompt", "--as", "bob", "--db", self.db]))
+        prompt = self.shell(self.launched(script, "hook", "prompt", "--as", "bob",
+                                          "--db", self.db))
         self.assertIn(f"for bob, by {script}", prompt.stdout)
         done = self.run_agora(script, "guard", "install", "--as", "bob", "--db", self.db)
         self.assertEqual(done.returncode, 0, done.stderr)
@@ -3498,8 +3503,8 @@ class CodeAgoraRunsTest(unittest.TestCase):
                      ["stdio", "--as", "bob", "--db", self.db]):
             done = self.run_agora(script, *argv, stdin="")
             self.assertEqual(done.returncode, 0, done.stderr)
-        ran = self.shell(agora.shell_words(agora.agora_argv()[:5] + [
-            script, "hook", "session-start", "--as", "bob", "--db", self.db]))
+        ran = self.shell(self.launched(script, "hook", "session-start", "--as", "bob",
+                                       "--db", self.db))
         self.assertIn("you are bob", ran.stdout)
         self.assertEqual(self.hijacked(), "")
         # A cache folder others may write in is no cache: nothing in it is read.
@@ -3508,8 +3513,8 @@ class CodeAgoraRunsTest(unittest.TestCase):
         os.makedirs(cache)
         os.chmod(cache, 0o777)
         self.planted(os.path.dirname(cached_bytecode(self.home, script)), script)
-        ran = self.shell(agora.shell_words(agora.agora_argv()[:5] + [
-            script, "hook", "session-start", "--as", "bob", "--db", self.db]))
+        ran = self.shell(self.launched(script, "hook", "session-start", "--as", "bob",
+                                       "--db", self.db))
         self.assertIn("you are bob", ran.stdout)
         self.assertEqual(self.hijacked(), "")
         self.assertEqual(os.stat(cache).st_mode & 0o777, 0o777)    # left as it was
