@@ -3227,13 +3227,14 @@ def check_identity(store, op, caller, now):
                            hint="call join name=... and send 'Authorization: Bearer <token>'")
 
 
-def bearer_caller(store, authorization):
-    """Answer the remote Caller named by an 'Authorization: Bearer <token>' header."""
+def bearer_caller(store, authorization, listening=None):
+    """Answer the remote Caller named by an 'Authorization: Bearer <token>' header (and
+    LISTENING, its face's Caller.listening)."""
     scheme, _, token = (authorization or "").partition(" ")
     token = token.strip() if scheme.lower() == "bearer" else ""
     if not token:
-        return Caller(None, False, None)
-    return Caller(store.agent_for_token(token), False, token)
+        return Caller(None, False, None, listening)
+    return Caller(store.agent_for_token(token), False, token, listening)
 
 
 # What SQLite says when the file itself is at fault, not agora: told plainly.
@@ -4431,8 +4432,8 @@ class RequestHandler:
                                   headers=[("Allow", allow)])
             self.check_origin()
             self.server.watch(self.connection, None)     # a face may wait (long polls)
-            caller = bearer_caller(self.server.store, self.headers.get("Authorization"))
-            caller = caller._replace(listening=self.client_listening)
+            caller = bearer_caller(self.server.store, self.headers.get("Authorization"),
+                                   self.client_listening)
             answer = route.face(self.server, HttpRequest(self.command, url.path, url.query,
                                                          self.headers, body, caller, route))
             status, payload, headers, what = answer[:4]
