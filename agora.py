@@ -521,6 +521,534 @@ def hash_token(token):
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+class Store:
+    """The SQLite file: pooled connections, transactions and change signals.
+
+    Many processes may share one file (WAL, synchronous=FULL, a busy timeout),
+    and every read-modify-write runs in one BEGIN IMMEDIATE transaction.
+    """
+
+    def __init__(self, path, join_key=None, fts=True):
+        self.path = path
+        self.join_key = join_key
+        self._pool = []
+        self._pool_lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._generation = 0
+        self._marks = (None, None)      # (generation, marks()) as last read
+        self._waiting, self._watching, self._listeners = 0, False, []
+        self._long_polls, self._long_polls_lock = {}, threading.Lock()
+        # Writers of this process queue here: SQLite's busy handler would make
+        # them sleep for milliseconds whenever another thread holds the lock.
+        self.writes = GroupCommit(self._acquire, self._release, self._signal,
+                                  self._before_commit)
+        self._seen_due, self._seen_lock = {}, threading.Lock()
+        self._seen_written = {}
+        self._tokens, self._tokens_mark, self._tokens_looked = {}, None, float("-inf")
+        self.token_marker = os.path.realpath(path) + "-tokens"
+        self.writer = None          # a server's Writer: its writes run on that one thread
+        self._closed = False
+        private_file(path)
+        con = self._connect()
+        try:
+            self._migrate(con, fts)
+            self.fts = bool(con.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'messages_fts'").fetchone())
+        except BaseException:
+            con.close()
+            raise
+        self._release(con)
+
+    def _connect(self):
+        try:
+            con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT,
+                                  isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open {self.path}: {e}") from None
+        try:
+            con.row_factory = sqlite3.Row
+            con.execute("PRAGMA journal_mode = WAL")
+            con.execute("PRAGMA synchronous = FULL")
+        except sqlite3.DatabaseError as e:
+            con.close()
+            raise StoreError(f"cannot use {self.path}: {e}") from None
+        return con
+
+    def _migrate(self, con, fts):
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} was written by a newer agora (schema {version}; "
+                    f"this agora.py knows {SCHEMA_VERSION}): upgrade agora.py")
+            if version == 0:
+                # a replicator may get there first (Litestream keeps _litestream_ tables)
+                if con.execute("SELECT count(*) FROM sqlite_master WHERE name NOT LIKE "
+                               "'\\_litestream\\_%' ESCAPE '\\'").fetchone()[0]:
+                    raise StoreError(f"{self.path} is an SQLite file but not an agora database")
+                self._create(con, fts)
+                version = 1
+            for step in range(version, SCHEMA_VERSION):
+                for statement in sql_statements(MIGRATIONS[step]):
+                    con.execute(statement)
+            if version != SCHEMA_VERSION:       # a header write costs an fsync: only once
+                con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+
+    def _create(self, con, fts):
+        for statement in sql_statements(SCHEMA):
+            con.execute(statement)
+        if fts:
+            try:
+                con.execute("CREATE VIRTUAL TABLE temp.fts5_probe USING fts5(x)")
+                con.execute("DROP TABLE temp.fts5_probe")
+            except sqlite3.OperationalError:
+                fts = False
+        if fts:
+            for statement in sql_statements(FTS_SCHEMA):
+                con.execute(statement)
+        now = int(time.time())
+        con.execute("INSERT INTO agents (name, about, created, seen) VALUES (?, ?, ?, ?)",
+                    (SYSTEM_SENDER, "the board itself", now, now))
+        con.execute("INSERT INTO channels (name, about, created_by, created) VALUES (?, ?, ?, ?)",
+                    ("public", "everyone", SYSTEM_SENDER, now))
+
+    def _acquire(self):
+        with self._pool_lock:
+            if self._closed:
+                raise Unavailable()
+            if self._pool:
+                return self._pool.pop()
+        return self._connect()
+
+    def _release(self, con):
+        with self._pool_lock:
+            if not self._closed:
+                self._pool.append(con)
+                return
+        con.close()
+
+    def _signal(self):
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+
+    @contextlib.contextmanager
+    def transaction(self, write=False):
+        """Yield a connection inside one transaction; an IMMEDIATE one when WRITE.
+
+        Writes are group-committed (GroupCommit): the block returns once its
+        write is on disk. Inside a write block, any transaction of the same
+        thread joins it.
+        """
+        if write:
+            with self.writes.block() as con:
+                yield con
+            return
+        con = self.writes.connection()
+        if con is not None:
+            yield con
+            return
+        con = self._acquire()
+        try:
+            con.execute("BEGIN")
+            try:
+                yield con
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):    # the block's error is the news
+                    con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+        finally:
+            self._release(con)
+
+    @contextlib.contextmanager
+    def autocommit(self):
+        """Yield a connection outside any transaction: each statement reads on its own."""
+        con = self.writes.connection()
+        if con is not None:
+            yield con
+            return
+        con = self._acquire()
+        try:
+            yield con
+        finally:
+            self._release(con)
+
+    def query_one(self, sql, params=()):
+        """Answer the first row of one read-only statement."""
+        with self.autocommit() as con:
+            return con.execute(sql, params).fetchone()
+
+    def marks(self):
+        """Answer (the newest message id, the newest ready sequence) of the file: what a
+        waiter watches. Read once per change, however many wait."""
+        with self._changed:
+            generation = self._generation
+        seen, marks = self._marks
+        if seen != generation:
+            marks = tuple(self.query_one(MARKS))
+            self._marks = (generation, marks)
+        return marks
+
+    def wait(self, ready, timeout):
+        """Block until READY() is true or TIMEOUT seconds pass; answer whether it was.
+
+        READY is asked again only when the file changed: a write from this process
+        says so at once, and one watcher thread (while anyone waits) notices
+        another process's commit within WAIT_POLL seconds, so an idle waiter costs
+        nothing.
+        """
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            self._waiting += 1
+            self._start_watching()
+        try:
+            while True:
+                with self._changed:
+                    generation = self._generation
+                if ready():
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                with self._changed:
+                    if generation == self._generation:
+                        self._changed.wait(left)
+        finally:
+            with self._changed:
+                self._waiting -= 1
+
+    def listen(self, listener, on=True):
+        """Call LISTENER() whenever the file changes, until called again with ON false: at
+        once for a commit of this process (on the committing thread), within WAIT_POLL
+        seconds for another's (on the watcher thread)."""
+        with self._changed:
+            if on:
+                self._listeners.append(listener)
+                self._start_watching()
+            else:
+                self._listeners.remove(listener)
+
+    def _start_watching(self):
+        """Start the watcher thread unless it runs (self._changed held)."""
+        if not self._watching:
+            self._watching = True
+            threading.Thread(target=self._watch, name="agora-watcher", daemon=True).start()
+
+    def _watch(self):
+        """Signal the waiters when another connection commits to the file; stop when
+        nobody waits or listens. SQLite's data_version changes with each such commit."""
+        con = None
+        try:
+            con = self._connect()
+            version = con.execute("PRAGMA data_version").fetchone()[0]
+            while True:
+                time.sleep(WAIT_POLL)
+                with self._changed:
+                    if not (self._waiting or self._listeners) or self._closed:
+                        self._watching = False
+                        return
+                now = con.execute("PRAGMA data_version").fetchone()[0]
+                if now != version:
+                    version = now
+                    self._signal()
+        except (AgoraError, sqlite3.Error):
+            with self._changed:
+                self._watching = False      # the next waiter starts another
+            self._signal()
+        finally:
+            if con is not None:
+                con.close()
+
+    def long_poll_taken(self, name):
+        """Take one of agent NAME's long-polls and answer True, or answer False when it has
+        MAX_LONG_POLLS under way in this process already (so no agent waits without bound);
+        a long-poll taken is given back with long_poll_done."""
+        with self._long_polls_lock:
+            taken = self._long_polls.get(name, 0) < MAX_LONG_POLLS
+            if taken:
+                self._long_polls[name] = self._long_polls.get(name, 0) + 1
+        return taken
+
+    def long_poll_done(self, name):
+        """Give back one of agent NAME's long-polls."""
+        with self._long_polls_lock:
+            self._long_polls[name] -= 1
+            if not self._long_polls[name]:
+                del self._long_polls[name]
+
+    def agent_for_token(self, token):
+        """Answer the agent name that holds TOKEN, or None.
+
+        Names are cached by token hash. Every rotation, in any process on the
+        file, grows the file's token marker by a byte (token_rotation), and a
+        marker that is not as it was empties the cache once that rotation is
+        committed. One look at the marker (a stat(), which lets the other threads
+        run, the dearest step of a request under load) serves the process for
+        TOKEN_LOOK seconds from just before it, and a rotation is answered only
+        once twice that has passed since its marker grew: so a rotated token
+        stops working at the very next request after the rotation is answered.
+        """
+        looked = time.monotonic()
+        if looked - self._tokens_looked >= TOKEN_LOOK:
+            try:
+                stat = os.stat(self.token_marker)
+                mark = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            except OSError:
+                mark = None
+            if mark != self._tokens_mark:
+                self._rotations_done()
+                self._tokens, self._tokens_mark = {}, mark
+            self._tokens_looked = looked
+        cache = self._tokens    # a lookup that raced a join lands in a cache dropped since
+        key = hash_token(token)
+        name = cache.get(key)
+        if name is None:
+            row = self.query_one("SELECT name FROM agents WHERE token_hash = ?", (key,))
+            name = row[0] if row else None
+            if name is not None and len(cache) < 10000:
+                cache[key] = name
+        return name
+
+    @contextlib.contextmanager
+    def token_rotation(self):
+        """Hold the file's token marker while a token is rotated, having grown it first.
+
+        Servers trust their cached token lookups while the marker stays as it was
+        (agent_for_token). It grows before the rotation commits, so a join that
+        cannot write it fails with nothing changed; and it stays locked until the
+        commit is done, so a server that saw it grow looks tokens up again only
+        once the rotation is on disk. (Where there is no flock, only the first holds.)
+        It returns only once every look at the marker taken before it grew is out of
+        date (agent_for_token).
+        """
+        try:
+            marker = os.open(self.token_marker, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                             | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except OSError as error:
+            raise StoreError(f"cannot write {self.token_marker}: {error.strerror}; the "
+                             "token was not rotated", hint="check its permissions") from None
+        try:
+            _flock(marker, exclusive=True)
+            try:
+                os.write(marker, b".")
+            except OSError as error:
+                raise StoreError(f"cannot write {self.token_marker}: {error.strerror}; the "
+                                 "token was not rotated", hint="free some space") from None
+            self._tokens = {}
+            yield
+        finally:
+            os.close(marker)
+        time.sleep(2 * TOKEN_LOOK)
+
+    def _rotations_done(self):
+        """Wait until no rotation holds the token marker (see token_rotation)."""
+        try:
+            marker = os.open(self.token_marker, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return
+        try:
+            _flock(marker, exclusive=False)
+        finally:
+            os.close(marker)
+
+    def touch(self, name, now):
+        """Record that NAME was active at NOW (at most every SEEN_THROTTLE s).
+
+        It is written by the next commit of this process (a write op's own, so a
+        one-shot CLI write pays one fsync), or when the store closes.
+        """
+        if now - self._seen_written.get(name, -SEEN_THROTTLE) < SEEN_THROTTLE:
+            return
+        self._seen_written[name] = now
+        with self._seen_lock:
+            self._seen_due[name] = max(now, self._seen_due.get(name, now))
+
+    def _before_commit(self, db):
+        """Finish a write transaction: write the seen times touch holds, and index the
+        messages it added, all of them in one statement (INDEX_MESSAGES)."""
+        with self._seen_lock:
+            due, self._seen_due = self._seen_due, {}
+        db.executemany("UPDATE agents SET seen = ? WHERE name = ? AND seen < ?",
+                       [(now, name, now) for name, now in due.items()])
+        if self.fts and db.execute(INDEX_MESSAGES).rowcount:
+            db.execute(INDEXED_UPTO_NEWEST)
+
+    def close(self):
+        """Write what touch still holds, close every connection; later use raises StoreError."""
+        if self._seen_due and not self._closed:
+            with contextlib.suppress(AgoraError, sqlite3.Error):
+                with self.transaction(write=True):
+                    pass                # the commit writes the seen times
+        with self._pool_lock:
+            self._closed = True
+            idle, self._pool = self._pool, []
+        for con in idle:
+            con.close()
+
+
+###############################################################################
+# Runtime: how an operation runs ##############################################
+###############################################################################
+
+# How an operation runs (Operation.runs; perform says what each means):
+ON_WRITER = "writer"        # on the server's writer thread, in a turn shared with other
+                            # writes and one commit (Writer); elsewhere as OWN_TURN
+OWN_TURN = "own turn"       # on its caller's thread, writing in a turn of its own
+AS_READ = "read"            # on its caller's thread, reading a snapshot; it writes nothing
+
+Caller = namedtuple("Caller", "name asserted token line", defaults=(None, False, None, None))
+Caller.__doc__ = """Who is calling: NAME, and how we know.
+
+ASSERTED: the name was asserted by whoever started this process (the CLI's
+--as, stdio, the A2A guest): the file is the trust boundary. Otherwise the
+caller is whoever holds TOKEN (None: no token was sent). LINE, where a face
+answers over a connection it can lose, is that request's Line.
+"""
+
+# Whoever runs agora on its file without naming an agent: it may only join (and rotate
+# any agent's token).
+OPERATOR = Caller(None, True)
+
+
+class Line:
+    """One request's way back to its caller, as its face keeps it (Caller.line).
+
+    A delivery is final only once its answer is handed over. OPEN() answers whether the
+    caller can still take an answer (HTTP: its client has not closed the connection;
+    stdio: its input has not ended; None: it always can). An operation that hands
+    something over for good (a read's messages, news told) says how to take it back
+    (on_lost), and the face calls lost() when the answer could not be handed over:
+    the caller hung up before it, or writing it failed. PARKS: the face parks a wait
+    of this request (Parked) rather than block a thread on it; DEADLINE, once parked, is
+    when the wait ends (a monotonic time) and SLOT that it holds one of its agent's
+    long-polls, both kept across the runs of the operation that follow.
+    """
+
+    def __init__(self, open=None, parks=False):
+        self.open, self.parks = open, parks
+        self.deadline, self.slot, self.undo = None, False, []
+
+    def listening(self):
+        """Answer whether the caller can still take an answer, as far as its face can tell."""
+        return self.open is None or self.open()
+
+    def on_lost(self, undo):
+        """Run UNDO() should this run's answer not be handed over."""
+        self.undo.append(undo)
+
+    def lost(self):
+        """Take back what this run handed over: its answer never reached the caller."""
+        undo, self.undo = self.undo, []
+        for step in undo:
+            try:
+                step()
+            except (AgoraError, sqlite3.Error) as error:
+                sys.stderr.write(f"agora: an answer that was not handed over could not be "
+                                 f"taken back: {error}\n")
+
+
+def still_listening(caller):
+    """Answer whether CALLER can still take an answer (as far as its face can tell)."""
+    return caller.line is None or caller.line.listening()
+
+
+Watch = namedtuple("Watch", "agent newest ready until")
+Watch.__doc__ = """What ends a wait of AGENT: a message for it past id NEWEST; the ready
+sequence moving from READY (None: not watched); the time UNTIL (epoch seconds) when a
+hold or a lease runs out (None: none)."""
+
+
+class Parked(BaseException):
+    """Raised out of a wait whose face parks it (Line.parks): the face keeps the request
+    and runs its operation again once WATCH says there is news, or the wait ends.
+
+    Not an Exception, so that no refusal or bug handler on its way out catches it."""
+
+    def __init__(self, watch):
+        super().__init__(watch)
+        self.watch = watch
+
+
+def news_came(store, watch):
+    """Answer whether what WATCH waits for has come, by the file's marks."""
+    newest, ready = store.marks()
+    return newest > watch.newest or watch.ready is not None and ready != watch.ready
+
+
+def wait_for(store, caller, wait, now, attempt):
+    """Run ATTEMPT until it finds something or WAIT seconds pass: every long-poll's loop.
+
+    ATTEMPT(at) answers (what it found, None), or (None, the Watch of what would change
+    that), AT being the time it runs at. Answer (what was found or None, whether the
+    wait was capped: its agent had MAX_LONG_POLLS under way, so it answered at once).
+    A caller that hung up while it waited gets None, nothing attempted: what it would
+    have taken stays for the next read. Where the face parks waits (Line.parks), the
+    first wait raises Parked instead of blocking this thread, and the face runs the
+    operation again when the news comes or the wait ends; the deadline and the
+    long-poll taken are the Line's across those runs.
+    """
+    line, started = caller.line, time.monotonic()
+    resumed = line is not None and line.deadline is not None
+    deadline = line.deadline if resumed else started + wait
+    held, parking, waited = resumed and line.slot, False, resumed
+    try:
+        while True:
+            at = now + int(time.monotonic() - started)
+            if waited and not still_listening(caller):
+                return None, False
+            found, watch = attempt(at)
+            if found is not None or not wait or time.monotonic() >= deadline:
+                return found, False
+            if not held:
+                held = store.long_poll_taken(caller.name)
+                if not held:
+                    return None, True
+            if line is not None and line.parks:
+                line.deadline, line.slot, parking = deadline, True, True
+                raise Parked(watch)
+            left = deadline - time.monotonic()
+            if watch.until is not None:
+                left = min(left, watch.until - at)
+            store.wait(lambda: news_came(store, watch), left)
+            waited = True
+    finally:
+        if held and not parking:
+            store.long_poll_done(caller.name)
+            if line is not None:
+                line.slot = False
+
+
+def undone_if_lost(store, caller, db, table, key, columns, before):
+    """Have CALLER's Line put the row of TABLE that KEY ({column: value}) names back to
+    BEFORE (the values of COLUMNS) should this answer not be handed over -- only while
+    the row stays as DB has it now, so that whatever changed it since stands. So a
+    delivery (a cursor moved, news told) is final only once its answer is written."""
+    if caller.line is None:
+        return
+    where = " AND ".join(f"{name} = ?" for name in key)
+    after = tuple(db.execute(f"SELECT {', '.join(columns)} FROM {table} WHERE {where}",
+                             tuple(key.values())).fetchone())
+    if after == tuple(before):
+        return
+
+    def undo():
+        with store.transaction(write=True) as db:
+            db.execute(f"UPDATE {table} SET {', '.join(c + ' = ?' for c in columns)} "
+                       f"WHERE {where} AND {' AND '.join(c + ' IS ?' for c in columns)}",
+                       (*before, *key.values(), *after))
+    caller.line.on_lost(undo)
+
+
 class _Batch:
     """One open write transaction and the blocks that have written into it."""
 
@@ -644,392 +1172,186 @@ class GroupCommit:
             self.on_commit()
 
 
-class Store:
-    """The SQLite file: pooled connections, transactions and change signals.
+# What SQLite says when the file itself is at fault, not agora: told plainly.
+FILE_PROBLEMS = (
+    ("malformed", "is damaged", "restore a backup, or rescue it with sqlite3's .recover"),
+    ("not a database", "is damaged", "restore a backup, or rescue it with sqlite3's .recover"),
+    ("locked", "stayed locked by another process", "try again"),
+    ("busy", "stayed locked by another process", "try again"),
+    ("disk is full", "cannot grow: the disk is full", "free some space"),
+    ("readonly", "cannot be written", "check its permissions"),
+    ("disk i/o", "could not be read or written", "check the disk"),
+)
 
-    Many processes may share one file (WAL, synchronous=FULL, a busy timeout),
-    and every read-modify-write runs in one BEGIN IMMEDIATE transaction.
+
+def file_problem(store, error):
+    """Answer a StoreError for a fault of the database file, or None for anything else."""
+    if not isinstance(error, sqlite3.DatabaseError):
+        return None
+    text = str(error).lower()
+    for needle, what, hint in FILE_PROBLEMS:
+        if needle in text:
+            return StoreError(f"the database file {store.path} {what} ({error})", hint=hint)
+    return None
+
+
+def perform(store, op, args, caller, now):
+    """Run operation OP for CALLER, who was checked, with ARGS, which were validated.
+
+    The ways an operation runs (its catalog entry's RUNS and WAITS; call() decides):
+    - ON_WRITER, on a server: the writer thread runs it in a turn it shares with the
+      other writes queued meanwhile (Writer). Its store.transaction(write=True) blocks
+      are savepoints of the turn's one transaction, and the turn commits once before
+      any of its requests is answered; a read-only transaction() or autocommit() in it
+      reads that same transaction, so it sees the turn's writes.
+    - OWN_TURN (and ON_WRITER where no writer runs: the CLI, stdio): on the caller's
+      thread. Each write block joins the group commit (GroupCommit), a savepoint too,
+      and returns once its commit is done; what it works out at length beforehand it
+      reads outside any transaction (autocommit) and checks again in the block.
+    - AS_READ: on the caller's thread, in a transaction() that only reads (a snapshot).
+    - A long-poll (WAITS given): on the caller's thread, each attempt its own write
+      block, waiting between them (wait_for) -- on a server parked without a thread
+      (Parker), run again on the parker's thread, many waiters' attempts in one turn.
+    """
+    if caller.name is not None:
+        store.touch(caller.name, now)
+    return op.handler(store, caller, args, now)
+
+
+@contextlib.contextmanager
+def bugs_refused(store, name):
+    """Let AgoraErrors of operation NAME through; make an unexpected exception one: the
+    file's own problem said plainly, else an InternalError with the traceback on stderr."""
+    try:
+        yield
+    except AgoraError:
+        raise
+    except Exception as error:
+        problem = file_problem(store, error)
+        if problem is not None:
+            raise problem from None
+        import traceback        # only ever needed to report a bug
+        traceback.print_exc(file=sys.stderr)
+        raise InternalError(f"internal error in {name}; the server log has details") from None
+
+
+class _Request:
+    """One checked operation waiting for the writer, and (once `done` is released) its
+    outcome. A held lock is the cheapest latch: the asker waits to take it, the writer
+    lets go."""
+
+    def __init__(self, op, args, caller, now):
+        self.op, self.args, self.caller, self.now = op, args, caller, now
+        self.done, self.outcome = threading.Lock(), None
+        self.done.acquire()
+
+
+class Writer:
+    """The thread that runs a server's ON_WRITER operations, so handler threads only frame.
+
+    Invariant: a turn runs queued requests one after another in one GroupCommit turn,
+    taking those that queue meanwhile too until none waits (up to GROUP_COMMIT_MAX in
+    all), so each operation's own write blocks are savepoints of one transaction; then
+    it commits once, and only then answers every request of the turn. Under load a
+    turn so holds about as many writes as there are clients, at no cost to a lone
+    one, whose turn commits as soon as it ran. So an answered write is on disk; an
+    operation that fails undoes its own savepoints alone and answers its own refusal
+    (a bug in it is its 500, and the thread goes on); a commit that fails fails every
+    request of the turn; and SQLite's work stays in one thread instead of handing the
+    GIL around among handler threads at every statement. It takes only what the catalog
+    says runs ON_WRITER (Operation.runs), unless it is asked to wait, nor a block already
+    in a transaction of its own thread, which must finish there.
     """
 
-    def __init__(self, path, join_key=None, fts=True):
-        self.path = path
-        self.join_key = join_key
-        self._pool = []
-        self._pool_lock = threading.Lock()
-        self._changed = threading.Condition()
-        self._generation = 0
-        self._marks = (None, None)      # (generation, marks()) as last read
-        self._waiting, self._watching = 0, False
-        self._long_polls, self._long_polls_lock = {}, threading.Lock()
-        # Writers of this process queue here: SQLite's busy handler would make
-        # them sleep for milliseconds whenever another thread holds the lock.
-        self.writes = GroupCommit(self._acquire, self._release, self._signal,
-                                  self._before_commit)
-        self._seen_due, self._seen_lock = {}, threading.Lock()
-        self._seen_written = {}
-        self._tokens, self._tokens_mark, self._tokens_looked = {}, None, float("-inf")
-        self.token_marker = os.path.realpath(path) + "-tokens"
-        self.writer = None          # a server's Writer: its writes run on that one thread
-        self._closed = False
-        private_file(path)
-        con = self._connect()
-        try:
-            self._migrate(con, fts)
-            self.fts = bool(con.execute(
-                "SELECT 1 FROM sqlite_master WHERE name = 'messages_fts'").fetchone())
-        except BaseException:
-            con.close()
-            raise
-        self._release(con)
+    def __init__(self, store):
+        self.store = store
+        self.queue, self.ready = [], threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._serve, name="agora-writer", daemon=True)
+        self.thread.start()
 
-    def _connect(self):
-        try:
-            con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT,
-                                  isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as e:
-            raise StoreError(f"cannot open {self.path}: {e}") from None
-        try:
-            con.row_factory = sqlite3.Row
-            con.execute("PRAGMA journal_mode = WAL")
-            con.execute("PRAGMA synchronous = FULL")
-        except sqlite3.DatabaseError as e:
-            con.close()
-            raise StoreError(f"cannot use {self.path}: {e}") from None
-        return con
+    def takes(self, op, args):
+        """Answer whether the writer thread should run OP with (validated) ARGS."""
+        return (op.runs == ON_WRITER and not (op.waits and args[op.waits])
+                and threading.current_thread() is not self.thread
+                and self.store.writes.connection() is None)
 
-    def _migrate(self, con, fts):
-        con.execute("BEGIN IMMEDIATE")
-        try:
-            version = con.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path} was written by a newer agora (schema {version}; "
-                    f"this agora.py knows {SCHEMA_VERSION}): upgrade agora.py")
-            if version == 0:
-                # a replicator may get there first (Litestream keeps _litestream_ tables)
-                if con.execute("SELECT count(*) FROM sqlite_master WHERE name NOT LIKE "
-                               "'\\_litestream\\_%' ESCAPE '\\'").fetchone()[0]:
-                    raise StoreError(f"{self.path} is an SQLite file but not an agora database")
-                self._create(con, fts)
-                version = 1
-            for step in range(version, SCHEMA_VERSION):
-                for statement in sql_statements(MIGRATIONS[step]):
-                    con.execute(statement)
-            if version != SCHEMA_VERSION:       # a header write costs an fsync: only once
-                con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            con.execute("COMMIT")
-        except BaseException:
-            if con.in_transaction:
-                con.execute("ROLLBACK")
-            raise
-
-    def _create(self, con, fts):
-        for statement in sql_statements(SCHEMA):
-            con.execute(statement)
-        if fts:
-            try:
-                con.execute("CREATE VIRTUAL TABLE temp.fts5_probe USING fts5(x)")
-                con.execute("DROP TABLE temp.fts5_probe")
-            except sqlite3.OperationalError:
-                fts = False
-        if fts:
-            for statement in sql_statements(FTS_SCHEMA):
-                con.execute(statement)
-        now = int(time.time())
-        con.execute("INSERT INTO agents (name, about, created, seen) VALUES (?, ?, ?, ?)",
-                    (SYSTEM_SENDER, "the board itself", now, now))
-        con.execute("INSERT INTO channels (name, about, created_by, created) VALUES (?, ?, ?, ?)",
-                    ("public", "everyone", SYSTEM_SENDER, now))
-
-    def _acquire(self):
-        with self._pool_lock:
-            if self._closed:
+    def run(self, op, args, caller, now):
+        """Run checked operation OP on the writer thread; answer its Result (or raise).
+        Identity and arguments were checked on the caller's thread: the writer's time,
+        which every write waits for, goes to the work alone."""
+        request = _Request(op, args, caller, now)
+        with self.ready:
+            if self.stopping:
                 raise Unavailable()
-            if self._pool:
-                return self._pool.pop()
-        return self._connect()
+            self.queue.append(request)
+            self.ready.notify()
+        request.done.acquire()
+        if isinstance(request.outcome, BaseException):
+            raise request.outcome
+        return request.outcome
 
-    def _release(self, con):
-        with self._pool_lock:
-            if not self._closed:
-                self._pool.append(con)
-                return
-        con.close()
+    def _take(self, most):
+        """Take up to MOST requests off the queue, oldest first."""
+        with self.ready:
+            taken = self.queue[:most]
+            del self.queue[:most]
+        return taken
 
-    def _signal(self):
-        with self._changed:
-            self._generation += 1
-            self._changed.notify_all()
-
-    @contextlib.contextmanager
-    def transaction(self, write=False):
-        """Yield a connection inside one transaction; an IMMEDIATE one when WRITE.
-
-        Writes are group-committed (GroupCommit): the block returns once its
-        write is on disk. Inside a write block, any transaction of the same
-        thread joins it.
-        """
-        if write:
-            with self.writes.block() as con:
-                yield con
-            return
-        con = self.writes.connection()
-        if con is not None:
-            yield con
-            return
-        con = self._acquire()
+    def _perform(self, request):
+        """Run one request in the open turn: its Result, its refusal or its bug's 500 is
+        its outcome, and the turn goes on."""
         try:
-            con.execute("BEGIN")
+            with bugs_refused(self.store, request.op.name):
+                request.outcome = perform(self.store, request.op, request.args,
+                                          request.caller, request.now)
+        except AgoraError as error:
+            request.outcome = error
+
+    def _serve(self):
+        while True:
+            with self.ready:
+                while not self.queue and not self.stopping:
+                    self.ready.wait()
+                if not self.queue:
+                    return
+            turn = self._take(GROUP_COMMIT_MAX)
             try:
-                yield con
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):    # the block's error is the news
-                    con.execute("ROLLBACK")
-                raise
-            con.execute("COMMIT")
-        finally:
-            self._release(con)
-
-    @contextlib.contextmanager
-    def autocommit(self):
-        """Yield a connection outside any transaction: each statement reads on its own."""
-        con = self.writes.connection()
-        if con is not None:
-            yield con
-            return
-        con = self._acquire()
-        try:
-            yield con
-        finally:
-            self._release(con)
-
-    def query_one(self, sql, params=()):
-        """Answer the first row of one read-only statement."""
-        with self.autocommit() as con:
-            return con.execute(sql, params).fetchone()
-
-    def marks(self):
-        """Answer (the newest message id, the newest ready sequence) of the file: what a
-        waiter watches. Read once per change, however many wait."""
-        with self._changed:
-            generation = self._generation
-        seen, marks = self._marks
-        if seen != generation:
-            marks = tuple(self.query_one(MARKS))
-            self._marks = (generation, marks)
-        return marks
-
-    def wait(self, ready, timeout):
-        """Block until READY() is true or TIMEOUT seconds pass; answer whether it was.
-
-        READY is asked again only when the file changed: a write from this process
-        says so at once, and one watcher thread (while anyone waits) notices
-        another process's commit within WAIT_POLL seconds, so an idle waiter costs
-        nothing.
-        """
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            self._waiting += 1
-            if not self._watching:
-                self._watching = True
-                threading.Thread(target=self._watch, name="agora-watcher", daemon=True).start()
-        try:
-            while True:
-                with self._changed:
-                    generation = self._generation
-                if ready():
-                    return True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                with self._changed:
-                    if generation == self._generation:
-                        self._changed.wait(left)
-        finally:
-            with self._changed:
-                self._waiting -= 1
-
-    def _watch(self):
-        """Signal the waiters when another connection commits to the file; stop when
-        nobody waits. SQLite's data_version changes with each such commit."""
-        con = None
-        try:
-            con = self._connect()
-            version = con.execute("PRAGMA data_version").fetchone()[0]
-            while True:
-                time.sleep(WAIT_POLL)
-                with self._changed:
-                    if not self._waiting or self._closed:
-                        self._watching = False
-                        return
-                now = con.execute("PRAGMA data_version").fetchone()[0]
-                if now != version:
-                    version = now
-                    self._signal()
-        except (AgoraError, sqlite3.Error):
-            with self._changed:
-                self._watching = False      # the next waiter starts another
-            self._signal()
-        finally:
-            if con is not None:
-                con.close()
-
-    @contextlib.contextmanager
-    def long_poll(self, name):
-        """Yield whether agent NAME may long-poll now: at most MAX_LONG_POLLS of its own at a
-        time in this process, so no agent ties up threads without bound."""
-        with self._long_polls_lock:
-            allowed = self._long_polls.get(name, 0) < MAX_LONG_POLLS
-            if allowed:
-                self._long_polls[name] = self._long_polls.get(name, 0) + 1
-        try:
-            yield allowed
-        finally:
-            if allowed:
-                with self._long_polls_lock:
-                    self._long_polls[name] -= 1
-                    if not self._long_polls[name]:
-                        del self._long_polls[name]
-
-    def agent_for_token(self, token):
-        """Answer the agent name that holds TOKEN, or None.
-
-        Names are cached by token hash. Every rotation, in any process on the
-        file, grows the file's token marker by a byte (token_rotation), and a
-        marker that is not as it was empties the cache once that rotation is
-        committed. One look at the marker (a stat(), which lets the other threads
-        run, the dearest step of a request under load) serves the process for
-        TOKEN_LOOK seconds from just before it, and a rotation is answered only
-        once twice that has passed since its marker grew: so a rotated token
-        stops working at the very next request after the rotation is answered.
-        """
-        looked = time.monotonic()
-        if looked - self._tokens_looked >= TOKEN_LOOK:
-            try:
-                stat = os.stat(self.token_marker)
-                mark = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-            except OSError:
-                mark = None
-            if mark != self._tokens_mark:
-                self._rotations_done()
-                self._tokens, self._tokens_mark = {}, mark
-            self._tokens_looked = looked
-        cache = self._tokens    # a lookup that raced a join lands in a cache dropped since
-        key = hash_token(token)
-        name = cache.get(key)
-        if name is None:
-            row = self.query_one("SELECT name FROM agents WHERE token_hash = ?", (key,))
-            name = row[0] if row else None
-            if name is not None and len(cache) < 10000:
-                cache[key] = name
-        return name
-
-    @contextlib.contextmanager
-    def token_rotation(self):
-        """Hold the file's token marker while a token is rotated, having grown it first.
-
-        Servers trust their cached token lookups while the marker stays as it was
-        (agent_for_token). It grows before the rotation commits, so a join that
-        cannot write it fails with nothing changed; and it stays locked until the
-        commit is done, so a server that saw it grow looks tokens up again only
-        once the rotation is on disk. (Where there is no flock, only the first holds.)
-        It returns only once every look at the marker taken before it grew is out of
-        date (agent_for_token).
-        """
-        try:
-            marker = os.open(self.token_marker, os.O_WRONLY | os.O_APPEND | os.O_CREAT
-                             | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        except OSError as error:
-            raise StoreError(f"cannot write {self.token_marker}: {error.strerror}; the "
-                             "token was not rotated", hint="check its permissions") from None
-        try:
-            _flock(marker, exclusive=True)
-            try:
-                os.write(marker, b".")
-            except OSError as error:
-                raise StoreError(f"cannot write {self.token_marker}: {error.strerror}; the "
-                                 "token was not rotated", hint="free some space") from None
-            self._tokens = {}
-            yield
-        finally:
-            os.close(marker)
-        time.sleep(2 * TOKEN_LOOK)
-
-    def _rotations_done(self):
-        """Wait until no rotation holds the token marker (see token_rotation)."""
-        try:
-            marker = os.open(self.token_marker, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            return
-        try:
-            _flock(marker, exclusive=False)
-        finally:
-            os.close(marker)
-
-    def touch(self, name, now):
-        """Record that NAME was active at NOW (at most every SEEN_THROTTLE s).
-
-        It is written by the next commit of this process (a write op's own, so a
-        one-shot CLI write pays one fsync), or when the store closes.
-        """
-        if now - self._seen_written.get(name, -SEEN_THROTTLE) < SEEN_THROTTLE:
-            return
-        self._seen_written[name] = now
-        with self._seen_lock:
-            self._seen_due[name] = max(now, self._seen_due.get(name, now))
-
-    def _before_commit(self, db):
-        """Finish a write transaction: write the seen times touch holds, and index the
-        messages it added, all of them in one statement (INDEX_MESSAGES)."""
-        with self._seen_lock:
-            due, self._seen_due = self._seen_due, {}
-        db.executemany("UPDATE agents SET seen = ? WHERE name = ? AND seen < ?",
-                       [(now, name, now) for name, now in due.items()])
-        if self.fts and db.execute(INDEX_MESSAGES).rowcount:
-            db.execute(INDEXED_UPTO_NEWEST)
+                with self.store.writes.turn():
+                    ran = 0
+                    while ran < len(turn):
+                        for request in turn[ran:]:
+                            self._perform(request)
+                        ran = len(turn)
+                        turn += self._take(GROUP_COMMIT_MAX - len(turn))
+            except AgoraError as error:         # the commit failed: none of it stands
+                for request in turn:
+                    request.outcome = error
+            except sqlite3.Error as error:      # the turn could not begin (a locked file)
+                problem = file_problem(self.store, error) or StoreError(
+                    f"the write was not saved: {error}")
+                for request in turn:
+                    request.outcome = problem
+            except Exception:                   # a bug of the writer's own: said, and on
+                import traceback
+                traceback.print_exc(file=sys.stderr)
+                for request in turn:
+                    request.outcome = InternalError("internal error; the server log has "
+                                                    "details")
+            for request in turn:
+                request.done.release()
 
     def close(self):
-        """Write what touch still holds, close every connection; later use raises StoreError."""
-        if self._seen_due and not self._closed:
-            with contextlib.suppress(AgoraError, sqlite3.Error):
-                with self.transaction(write=True):
-                    pass                # the commit writes the seen times
-        with self._pool_lock:
-            self._closed = True
-            idle, self._pool = self._pool, []
-        for con in idle:
-            con.close()
+        """Answer what is queued, then end the thread."""
+        with self.ready:
+            self.stopping = True
+            self.ready.notify()
+        self.thread.join()
 
 
 ###############################################################################
 # Operation catalog and handlers ##############################################
 ###############################################################################
-
-Caller = namedtuple("Caller", "name asserted token listening",
-                    defaults=(None, False, None, None))
-Caller.__doc__ = """Who is calling: NAME, and how we know.
-
-ASSERTED: the name was asserted by whoever started this process (the CLI's
---as, stdio, the A2A guest): the file is the trust boundary. Otherwise the
-caller is whoever holds TOKEN (None: no token was sent). LISTENING, where a
-face can tell, answers whether the caller can still take an answer (HTTP: its
-client has not closed the connection; stdio: its input has not ended).
-"""
-
-
-def still_listening(caller):
-    """Answer whether CALLER can still take an answer (as far as its face can tell).
-
-    A delivery is final only once its answer can be handed over: a long-poll asks this
-    when its news comes, and delivers nothing (tells nothing) to a caller that hung up
-    while it waited, so the messages come to the next read.
-    """
-    return caller.listening is None or caller.listening()
-
-
-# Whoever runs agora on its file without naming an agent: it may only join (and rotate
-# any agent's token).
-OPERATOR = Caller(None, True)
 
 class Result:
     """An operation's answer: its JSON body and its compact text (a refusal is an
@@ -1047,13 +1369,6 @@ class Result:
         if callable(self._text):
             self._text = self._text()
         return self._text
-
-
-# How an operation runs (Operation.runs), on a server as anywhere else:
-ON_WRITER = "writer"        # the server's writer thread runs it, in a turn shared with
-                            # other writes and one commit (Writer)
-OWN_TURN = "own turn"       # its caller's thread, writing in a turn of its own
-AS_READ = "read"            # its caller's thread, reading a snapshot; it writes nothing
 
 
 class Operation(namedtuple("Operation",
@@ -1282,6 +1597,10 @@ def _digest(channel, body, reply_to):
 # cursor stands, not written by me.
 READ_FROM = "(CASE WHEN c.held_until <= :now THEN c.acked_id ELSE c.last_id END)"
 
+# What a read moves in a cursor (and a lost answer puts back).
+CURSOR_STATE = ("last_id", "acked_id", "held_until", "redo_upto", "redelivered",
+                "acked_past", "held_count")
+
 MY_CURSORS = "c.agent = :me AND c.following = 1"
 
 UNREAD_FOR_ME = (f"m.channel = c.channel AND m.id > max({READ_FROM}, :after) AND m.sender != :me "
@@ -1319,6 +1638,14 @@ def _unread(db, me, now, after=0):
             channels[channel], newest = count, max(newest, top)
     return Counts(channels, sum(channels.values()),
                   any(n >= COUNT_CAP for n in channels.values()), newest)
+
+
+def hearers(db, since):
+    """Answer the agents who have a message past id SINCE to hear: in their mailbox or a
+    channel they follow, not their own (UNREAD_FOR_ME, wherever their cursors stand)."""
+    return {row[0] for row in db.execute(
+        "SELECT DISTINCT c.agent FROM messages m JOIN cursors c ON c.channel = m.channel "
+        "AND c.following = 1 AND c.agent != m.sender WHERE m.id > ?", (since,))}
 
 
 def _held(db, me, now):
@@ -1423,6 +1750,9 @@ def became_ready(db, task_ids, now):
 
 
 # News: what an agent has been told -------------------------------------------
+
+TOLD_STATE = ("told_id", "told_ready", "told_lease")     # what telling moves (_mark_told)
+
 
 def _mark_told(db, me, now, message_id=None, ready=False):
     """Record that ME has been told of messages up to MESSAGE_ID, and (READY) of every
@@ -2014,24 +2344,9 @@ def op_post(store, caller, args, now):
                   f"posted #{message_id} to {channel}{asked}")
 
 
-LongPoll = namedtuple("LongPoll", "deadline capped")
-LongPoll.__doc__ = """When a long-poll ends (a monotonic time), and whether it was capped."""
-
-
-@contextlib.contextmanager
-def long_poll(store, name, wait):
-    """Yield the LongPoll of agent NAME waiting WAIT seconds: capped, ending now, when NAME
-    has MAX_LONG_POLLS under way already (it answers at once, as if the wait ran out)."""
-    if not wait:
-        yield LongPoll(time.monotonic(), False)
-        return
-    with store.long_poll(name) as allowed:
-        yield LongPoll(time.monotonic() + (wait if allowed else 0), not allowed)
-
-
-def waited_text(wait, poll):
+def waited_text(wait, capped):
     """Answer what a long-poll that found nothing says."""
-    if poll.capped:
+    if capped:
         return (f"nothing new (not waited: you have {MAX_LONG_POLLS} long-polls under way "
                 "already)")
     return f"nothing new after waiting {wait}s"
@@ -2039,7 +2354,8 @@ def waited_text(wait, poll):
 
 def _deliver(db, me, limit, now, hold=0):
     """Give ME up to LIMIT unread messages, oldest first, moving its cursors past them;
-    answer (the messages, the Counts of what remains when some does).
+    answer (the messages, the Counts of what remains when some does, the cursors moved
+    as they stood before: {channel: row}).
 
     Invariant, per cursor: what lies at or below acked_id (with no hold, last_id) was
     given for good, and so was each id in acked_past (acked out of turn, or given by a
@@ -2092,7 +2408,7 @@ def _deliver(db, me, limit, now, hold=0):
                        "acked_past = :past WHERE agent = :me AND channel = :channel",
                        dict(where, last=last_id, channel=channel, past=past or None))
     remaining = _unread(db, me, now) if len(batch) > limit else NO_COUNTS
-    return delivered, remaining
+    return delivered, remaining, {channel: cursors[channel] for channel in given}
 
 
 WAIT = _integer(0, MAX_WAIT, "seconds", default=0)
@@ -2105,25 +2421,21 @@ HOLD = _integer(0, 86400, "seconds until unacked messages come back", default=0)
 def op_read(store, caller, args, now):
     """Deliver unread messages, waiting up to WAIT seconds for the first one: for a post,
     or for a hold of the caller's to run out (what it held then comes back)."""
-    started, hold, waited = time.monotonic(), args["hold"], False
-    with long_poll(store, caller.name, args["wait"]) as poll:
-        while True:
-            at = now + int(time.monotonic() - started)
-            if waited and not still_listening(caller):      # it hung up while it waited
-                messages, remaining = [], NO_COUNTS
-                break
-            with store.transaction(write=True) as db:
-                messages, remaining = _deliver(db, caller.name, args["limit"], at, hold)
-                newest = None if messages else _newest_id(db)
-                held_until = None if messages or not args["wait"] else _held(
-                    db, caller.name, at)[1]
-            left = poll.deadline - time.monotonic()
-            if messages or left <= 0:
-                break
-            if held_until is not None:
-                left = min(left, held_until - at)
-            store.wait(lambda: store.marks()[0] > newest, left)
-            waited = True
+    me, hold = caller.name, args["hold"]
+
+    def attempt(at):
+        with store.transaction(write=True) as db:
+            messages, remaining, moved = _deliver(db, me, args["limit"], at, hold)
+            for channel, before in moved.items():
+                undone_if_lost(store, caller, db, "cursors", {"agent": me, "channel": channel},
+                               CURSOR_STATE, [before[name] for name in CURSOR_STATE])
+            if messages:
+                return (messages, remaining, at), None
+            held_until = _held(db, me, at)[1] if args["wait"] else None
+            return None, Watch(me, _newest_id(db), None, held_until)
+
+    found, capped = wait_for(store, caller, args["wait"], now, attempt)
+    messages, remaining, at = found or ([], NO_COUNTS, now)
     body = {"messages": messages, "remaining": remaining.total}
     if hold and messages:
         body["held"] = {"until": at + hold, "upto": max(m["id"] for m in messages)}
@@ -2137,7 +2449,7 @@ def op_read(store, caller, args, now):
             lines.append(f"(held for {age(hold)}: ack upto={body['held']['upto']} when done, "
                          "or they come back)")
         if not messages:
-            lines.append(waited_text(args["wait"], poll) if args["wait"]
+            lines.append(waited_text(args["wait"], capped) if args["wait"]
                          else f"nothing new (read wait={MAX_WAIT} waits for mail)")
         return "\n".join(lines)
     return Result(body, text)
@@ -2428,30 +2740,29 @@ def op_search(store, caller, args, now):
            {"wait": WAIT, "tasks": FLAG, "peek": FLAG}, waits="wait")
 def op_news(store, caller, args, now):
     """Report untold unread messages (and ready tasks), waiting up to WAIT seconds."""
-    me, started, waited = caller.name, time.monotonic(), False
-    with long_poll(store, me, args["wait"]) as poll:
-        while True:
-            at = now + int(time.monotonic() - started)
-            if waited and not still_listening(caller):      # it hung up: nothing is told
-                previews, counts, tasks = [], NO_COUNTS, []
-                break
-            with store.transaction() as db:
-                previews, counts, tasks = _untold(db, me, args["tasks"], at)
-                marks = tuple(db.execute(MARKS).fetchone())
-                lease_ends = db.execute(
-                    "SELECT min(lease_until) FROM tasks WHERE status = 'claimed' AND "
-                    "lease_until > ?", (at,)).fetchone()[0] if args["tasks"] else None
-            if (counts.total or tasks) and not args["peek"]:
-                with store.transaction(write=True) as db:   # again: one teller per item
-                    previews, counts, tasks = _untold(db, me, args["tasks"], at)
-                    _mark_told(db, me, at, counts.newest, ready=args["tasks"])
-            left = poll.deadline - time.monotonic()
-            if counts.total or tasks or left <= 0:
-                break
+    me = caller.name
+
+    def attempt(at):
+        with store.transaction() as db:
+            previews, counts, tasks = _untold(db, me, args["tasks"], at)
+            newest, ready = db.execute(MARKS).fetchone()
             # a lease that runs out puts its task back on the board: that is news too
-            store.wait(lambda: store.marks() != marks,
-                       left if lease_ends is None else min(left, lease_ends - at))
-            waited = True
+            lease_ends = db.execute(
+                "SELECT min(lease_until) FROM tasks WHERE status = 'claimed' AND "
+                "lease_until > ?", (at,)).fetchone()[0] if args["tasks"] else None
+        if (counts.total or tasks) and not args["peek"]:
+            with store.transaction(write=True) as db:   # again: one teller per item
+                previews, counts, tasks = _untold(db, me, args["tasks"], at)
+                before = db.execute(f"SELECT {', '.join(TOLD_STATE)} FROM agents "
+                                    "WHERE name = ?", (me,)).fetchone()
+                _mark_told(db, me, at, counts.newest, ready=args["tasks"])
+                undone_if_lost(store, caller, db, "agents", {"name": me}, TOLD_STATE, before)
+        if counts.total or tasks:
+            return (previews, counts, tasks), None
+        return None, Watch(me, newest, ready if args["tasks"] else None, lease_ends)
+
+    found, _ = wait_for(store, caller, args["wait"], now, attempt)
+    previews, counts, tasks = found or ([], NO_COUNTS, [])
     summary = news_summary(previews, counts.total, tasks, now, counts.capped)
     return Result({"count": counts.total, "messages": previews, "tasks": tasks,
                    "summary": summary}, summary)
@@ -3227,37 +3538,14 @@ def check_identity(store, op, caller, now):
                            hint="call join name=... and send 'Authorization: Bearer <token>'")
 
 
-def bearer_caller(store, authorization, listening=None):
-    """Answer the remote Caller named by an 'Authorization: Bearer <token>' header (and
-    LISTENING, its face's Caller.listening)."""
+def bearer_caller(store, authorization, line=None):
+    """Answer the remote Caller named by an 'Authorization: Bearer <token>' header, who is
+    answered over LINE."""
     scheme, _, token = (authorization or "").partition(" ")
     token = token.strip() if scheme.lower() == "bearer" else ""
     if not token:
-        return Caller(None, False, None, listening)
-    return Caller(store.agent_for_token(token), False, token, listening)
-
-
-# What SQLite says when the file itself is at fault, not agora: told plainly.
-FILE_PROBLEMS = (
-    ("malformed", "is damaged", "restore a backup, or rescue it with sqlite3's .recover"),
-    ("not a database", "is damaged", "restore a backup, or rescue it with sqlite3's .recover"),
-    ("locked", "stayed locked by another process", "try again"),
-    ("busy", "stayed locked by another process", "try again"),
-    ("disk is full", "cannot grow: the disk is full", "free some space"),
-    ("readonly", "cannot be written", "check its permissions"),
-    ("disk i/o", "could not be read or written", "check the disk"),
-)
-
-
-def file_problem(store, error):
-    """Answer a StoreError for a fault of the database file, or None for anything else."""
-    if not isinstance(error, sqlite3.DatabaseError):
-        return None
-    text = str(error).lower()
-    for needle, what, hint in FILE_PROBLEMS:
-        if needle in text:
-            return StoreError(f"the database file {store.path} {what} ({error})", hint=hint)
-    return None
+        return Caller(None, False, None, line)
+    return Caller(store.agent_for_token(token), False, token, line)
 
 
 def call(store, name, args=None, caller=OPERATOR, now=None):
@@ -3278,144 +3566,6 @@ def call(store, name, args=None, caller=OPERATOR, now=None):
         if writer is not None and writer.takes(op, args):
             return writer.run(op, args, caller, now)
         return perform(store, op, args, caller, now)
-
-
-def perform(store, op, args, caller, now):
-    """Run operation OP for CALLER, who was checked, with ARGS, which were validated."""
-    if caller.name is not None:
-        store.touch(caller.name, now)
-    return op.handler(store, caller, args, now)
-
-
-@contextlib.contextmanager
-def bugs_refused(store, name):
-    """Let AgoraErrors of operation NAME through; make an unexpected exception one: the
-    file's own problem said plainly, else an InternalError with the traceback on stderr."""
-    try:
-        yield
-    except AgoraError:
-        raise
-    except Exception as error:
-        problem = file_problem(store, error)
-        if problem is not None:
-            raise problem from None
-        import traceback        # only ever needed to report a bug
-        traceback.print_exc(file=sys.stderr)
-        raise InternalError(f"internal error in {name}; the server log has details") from None
-
-
-class _Request:
-    """One checked operation waiting for the writer, and (once `done` is released) its
-    outcome. A held lock is the cheapest latch: the asker waits to take it, the writer
-    lets go."""
-
-    def __init__(self, op, args, caller, now):
-        self.op, self.args, self.caller, self.now = op, args, caller, now
-        self.done, self.outcome = threading.Lock(), None
-        self.done.acquire()
-
-
-class Writer:
-    """The one thread that runs a server's writes, so that handler threads only frame.
-
-    Invariant: a turn runs queued requests one after another in one GroupCommit turn,
-    taking those that queue meanwhile too until none waits (up to GROUP_COMMIT_MAX in
-    all), so each operation's own write blocks are savepoints of one transaction; then
-    it commits once, and only then answers every request of the turn. Under load a
-    turn so holds about as many writes as there are clients, at no cost to a lone
-    one, whose turn commits as soon as it ran. So an answered write is on disk; an
-    operation that fails undoes its own savepoints alone and answers its own refusal
-    (a bug in it is its 500, and the thread goes on); a commit that fails fails every
-    request of the turn; and SQLite's work stays in one thread instead of handing the
-    GIL around among handler threads at every statement. It takes only what the catalog
-    says runs ON_WRITER (Operation.runs), unless it is asked to wait, nor a block already
-    in a transaction of its own thread, which must finish there.
-    """
-
-    def __init__(self, store):
-        self.store = store
-        self.queue, self.ready = [], threading.Condition()
-        self.stopping = False
-        self.thread = threading.Thread(target=self._serve, name="agora-writer", daemon=True)
-        self.thread.start()
-
-    def takes(self, op, args):
-        """Answer whether the writer thread should run OP with (validated) ARGS."""
-        return (op.runs == ON_WRITER and not (op.waits and args[op.waits])
-                and threading.current_thread() is not self.thread
-                and self.store.writes.connection() is None)
-
-    def run(self, op, args, caller, now):
-        """Run checked operation OP on the writer thread; answer its Result (or raise).
-        Identity and arguments were checked on the caller's thread: the writer's time,
-        which every write waits for, goes to the work alone."""
-        request = _Request(op, args, caller, now)
-        with self.ready:
-            if self.stopping:
-                raise Unavailable()
-            self.queue.append(request)
-            self.ready.notify()
-        request.done.acquire()
-        if isinstance(request.outcome, BaseException):
-            raise request.outcome
-        return request.outcome
-
-    def _take(self, most):
-        """Take up to MOST requests off the queue, oldest first."""
-        with self.ready:
-            taken = self.queue[:most]
-            del self.queue[:most]
-        return taken
-
-    def _perform(self, request):
-        """Run one request in the open turn: its Result, its refusal or its bug's 500 is
-        its outcome, and the turn goes on."""
-        try:
-            with bugs_refused(self.store, request.op.name):
-                request.outcome = perform(self.store, request.op, request.args,
-                                          request.caller, request.now)
-        except AgoraError as error:
-            request.outcome = error
-
-    def _serve(self):
-        while True:
-            with self.ready:
-                while not self.queue and not self.stopping:
-                    self.ready.wait()
-                if not self.queue:
-                    return
-            turn = self._take(GROUP_COMMIT_MAX)
-            try:
-                with self.store.writes.turn():
-                    ran = 0
-                    while ran < len(turn):
-                        for request in turn[ran:]:
-                            self._perform(request)
-                        ran = len(turn)
-                        turn += self._take(GROUP_COMMIT_MAX - len(turn))
-            except AgoraError as error:         # the commit failed: none of it stands
-                for request in turn:
-                    request.outcome = error
-            except sqlite3.Error as error:      # the turn could not begin (a locked file)
-                problem = file_problem(self.store, error) or StoreError(
-                    f"the write was not saved: {error}")
-                for request in turn:
-                    request.outcome = problem
-            except Exception:                   # a bug of the writer's own: said, and on
-                import traceback
-                traceback.print_exc(file=sys.stderr)
-                for request in turn:
-                    request.outcome = InternalError("internal error; the server log has "
-                                                    "details")
-            for request in turn:
-                request.done.release()
-
-    def close(self):
-        """Answer what is queued, then end the thread."""
-        with self.ready:
-            self.stopping = True
-            self.ready.notify()
-        self.thread.join()
 
 
 ###############################################################################
@@ -4328,13 +4478,24 @@ class RequestHandler:
     # server's watchdog closes connections that idle, send slowly or stall instead.
     timeout = None
 
+    parked = None               # the Waiter of this connection's parked wait, if any
+
     def setup(self):
         """Register the connection with the watchdog, idle until a request begins."""
         super().setup()
-        self.server.watch(self.connection, self.server.idle_timeout, opened=True)
+        self.server.watch(self.connection, self.server.idle_timeout)
+
+    def handle(self):
+        """Serve this connection's requests until it closes or a wait of it parks."""
+        self.close_connection = True
+        self.handle_one_request()
+        while not self.close_connection and self.parked is None:
+            self.handle_one_request()
 
     def finish(self):
-        """Forget the connection."""
+        """Forget the connection, unless a wait of it is parked (the Parker has it)."""
+        if self.parked is not None:
+            return
         try:
             super().finish()
         finally:
@@ -4414,18 +4575,17 @@ class RequestHandler:
         return True
 
     def handle_one_method(self):
-        """Read, route and answer one request, then log it."""
+        """Read, route and answer one request, or park it when its face waits."""
         from urllib.parse import urlsplit
         started = time.monotonic()
         url = urlsplit(self.path)
-        log, agent, what = "rest", "-", "-"
+        route = request = None
         try:
             body = self.read_body()
             if self.server.stopping:
                 raise HTTPFailure(503, Unavailable().text, headers=[("Retry-After", "1")],
                                   close=True)
             route = find_route(url.path)
-            log = route.log
             if self.command not in route.methods:
                 allow = ", ".join(route.methods)
                 raise HTTPFailure(405, f"{url.path[:60]} takes {allow}",
@@ -4433,31 +4593,71 @@ class RequestHandler:
             self.check_origin()
             self.server.watch(self.connection, None)     # a face may wait (long polls)
             caller = bearer_caller(self.server.store, self.headers.get("Authorization"),
-                                   self.client_listening)
-            answer = route.face(self.server, HttpRequest(self.command, url.path, url.query,
-                                                         self.headers, body, caller, route))
-            status, payload, headers, what = answer[:4]
-            agent = answer.agent or caller.name or "-"
+                                   Line(self.client_listening, parks=True))
+            request = HttpRequest(self.command, url.path, url.query, self.headers, body,
+                                  caller, route)
         except HTTPFailure as failure:
-            if failure.close:
-                self.close_connection = True
-            status, headers = failure.status, list(failure.headers)
-            if failure.json:
-                payload = json_bytes({"error": failure.message})
-            else:
-                payload = (failure.message + "\n").encode("utf-8", "replace")
-                headers.append(("Content-Type", "text/plain; charset=utf-8"))
-        except Exception:               # a bug in a face: its 500, the traceback on stderr
-            import traceback
-            traceback.print_exc(file=sys.stderr)
-            status, headers = 500, []
-            payload = json_bytes({"error": "internal error; the server log has details"})
-        self.send(status, payload, headers)
+            answer = self.failed(failure)
+        except Exception:
+            answer = self.bug()
+        else:
+            try:
+                answer = self.run_face(request)
+            except Parked as parked:
+                self.parked = Waiter(self, request, parked.watch, started)
+                return
+        self.reply(answer, route, request, started)
+
+    def run_face(self, request):
+        """Answer what REQUEST's face says to it (a bug in it is its 500), or raise Parked
+        when the face waits; run again for a parked request when its news comes."""
+        request.caller.line.undo = []
+        try:
+            return request.route.face(self.server, request)
+        except HTTPFailure as failure:
+            return self.failed(failure)
+        except Exception:
+            return self.bug()
+
+    def failed(self, failure):
+        """Answer the HttpAnswer of an HTTPFailure."""
+        if failure.close:
+            self.close_connection = True
+        headers = list(failure.headers)
+        if failure.json:
+            return HttpAnswer(failure.status, json_bytes({"error": failure.message}), headers)
+        headers.append(("Content-Type", "text/plain; charset=utf-8"))
+        return HttpAnswer(failure.status, (failure.message + "\n").encode("utf-8", "replace"),
+                          headers)
+
+    @staticmethod
+    def bug():
+        """Answer a bug's 500, its traceback on stderr."""
+        import traceback
+        traceback.print_exc(file=sys.stderr)
+        return HttpAnswer(500, json_bytes({"error": "internal error; the server log has details"}))
+
+    def reply(self, answer, route, request, started):
+        """Hand ANSWER to REQUEST's client and log it. What the answer hands over is
+        taken back (Line.lost) when the client hung up before it or the write fails."""
+        line = request.caller.line if request is not None else None
+        handed = True
+        try:
+            if line is not None and line.undo and not line.listening():
+                raise ConnectionResetError("the client hung up")
+            self.send(answer.status, answer.payload, answer.headers)
+        except OSError:
+            handed, self.close_connection = False, True
+            if line is not None:
+                line.lost()
         if not self.server.quiet:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
             millis = (time.monotonic() - started) * 1000
-            what = re.sub(r"[^!-~]", "?", str(what))[:80]   # one line, bounded
-            sys.stderr.write(f"{stamp} {log} {agent} {what} {status} {millis:.0f}ms\n")
+            agent = answer.agent or (request.caller.name if request else None) or "-"
+            what = re.sub(r"[^!-~]", "?", str(answer.what))[:80]     # one line, bounded
+            gone = "" if handed else " (the client hung up: nothing handed over)"
+            sys.stderr.write(f"{stamp} {route.log if route else 'rest'} {agent} {what} "
+                             f"{answer.status} {millis:.0f}ms{gone}\n")
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = handle_one_method
 
@@ -4479,9 +4679,15 @@ class RequestHandler:
 
     def client_listening(self):
         """Answer whether the client can still take an answer: not once it has closed its
-        side of the connection (a read that would not block finds the end), as a client
-        does that gives up waiting, times out or is killed."""
+        side of the connection, as a client does that gives up waiting, times out or is
+        killed. Linux says so even when the client sent more before it closed (POLLRDHUP);
+        elsewhere a read that would not block finds the end."""
+        import select
         import socket
+        if hasattr(select, "POLLRDHUP"):
+            poller = select.poll()
+            poller.register(self.connection, select.POLLRDHUP)
+            return not poller.poll(0)   # RDHUP, HUP or ERR: its side is closed
         if not hasattr(socket, "MSG_DONTWAIT"):
             return True                 # no look without waiting here (Windows): cannot tell
         try:
@@ -4527,14 +4733,263 @@ class RequestHandler:
         """Stay quiet: handle_one_method logs one line per request itself."""
 
 
+class Waiter:
+    """A parked wait: its connection's HANDLER, the REQUEST to run again, the WATCH of what
+    ends it, when its request began (STARTED), and when it first parked (SINCE)."""
+
+    __slots__ = ("handler", "request", "watch", "started", "since", "reading")
+
+    def __init__(self, handler, request, watch, started):
+        self.handler, self.request, self.watch, self.started = handler, request, watch, started
+        self.since, self.reading = time.monotonic(), True
+
+    @property
+    def line(self):
+        """Answer the request's Line: its deadline and long-poll slot."""
+        return self.request.caller.line
+
+    @property
+    def address(self):
+        """Answer the client's address."""
+        return self.handler.client_address[0]
+
+
+ANSWER_BATCH = 256          # parked waits answered in one write turn (one commit)
+DESCRIPTOR_RESERVE = 64     # descriptors kept for the store and the server's own files
+
+
+class Parker:
+    """The parked waits of one server, and the one thread that watches and answers them.
+
+    A waiting request gives back its thread and its request slot: its connection is kept
+    here, its socket watched with a selector, so a client that hangs up is let go at
+    once (nothing was delivered to it). When the file changes, the waits whose agent has
+    news (hearers), whose ready sequence moved, or whose hold, lease or wait ran out are
+    run again on this thread -- as many as ANSWER_BATCH in one write turn, so a public
+    post to N waiters costs N small attempts and one commit per batch -- and each answer
+    goes out on a new thread of its connection, which then serves its next requests.
+
+    Invariant: a connection is served by one thread or parked here, never both: it is
+    parked only once the thread that served it is done with it, and its next thread is
+    started only once it has left the parker. Bounds: MAX_LONG_POLLS per agent (the
+    Line's slot), a quarter of the capacity per client address (loopback aside) and the
+    capacity in all; past one, the longest parked wait of that bound ends at once, as if
+    its time ran out.
+    """
+
+    def __init__(self, server, capacity):
+        import selectors
+        import socket
+        self.server, self.store, self.capacity = server, server.store, capacity
+        self.selector = selectors.DefaultSelector()
+        self.bell, self.ringer = socket.socketpair()
+        self.bell.setblocking(False)
+        self.ringer.setblocking(False)
+        self.selector.register(self.bell, selectors.EVENT_READ)
+        self.lock = threading.Lock()
+        self.arriving, self.changed, self.stopping = [], False, False
+        self.waiters = {}           # connection -> Waiter
+        self.per_address = {}       # client address -> parked waits, loopback aside
+        self.checked = 0            # news up to this message id was looked for
+        self.next_due = float("inf")
+        self.listening = False
+        self.thread = threading.Thread(target=self._run, name="agora-parker", daemon=True)
+        self.thread.start()
+
+    def park(self, waiter):
+        """Take WAITER's connection, whose thread is done with it."""
+        with self.lock:
+            self.arriving.append(waiter)
+        self._ring()
+
+    def on_change(self):
+        """Look again for news: the file changed (Store.listen)."""
+        with self.lock:
+            self.changed = True
+        self._ring()
+
+    def _ring(self):
+        try:
+            self.ringer.send(b"\0")
+        except OSError:             # full: a ring is pending anyway
+            pass
+
+    def close(self):
+        """Let every parked connection go (nothing was delivered to it); end the thread."""
+        with self.lock:
+            self.stopping = True
+        self._ring()
+        self.thread.join()
+
+    def _run(self):
+        while True:
+            timeout = max(0.0, self.next_due - time.monotonic())
+            events = self.selector.select(None if timeout == float("inf") else timeout)
+            with self.lock:
+                arriving, self.arriving = self.arriving, []
+                changed, self.changed = self.changed, False
+                stopping = self.stopping
+            try:
+                looked = []
+                for key, _ in events:
+                    if key.fileobj is self.bell:
+                        with contextlib.suppress(OSError):
+                            self.bell.recv(4096)
+                    else:
+                        looked.append(key.data)
+                if stopping:
+                    for waiter in list(self.waiters.values()) + arriving:
+                        self._let_go(waiter)
+                    self.selector.close()
+                    self.bell.close()
+                    self.ringer.close()
+                    return
+                for waiter in looked:
+                    self._look(waiter)
+                for waiter in arriving:
+                    self._add(waiter)
+                due = self._due(changed or bool(arriving))
+                for start in range(0, len(due), ANSWER_BATCH):
+                    self._answer(due[start:start + ANSWER_BATCH])
+            except Exception:           # a bug of the parker's own: said, and on
+                import traceback
+                traceback.print_exc(file=sys.stderr)
+
+    def _add(self, waiter):
+        import selectors
+        connection = waiter.handler.connection
+        self.waiters[connection] = waiter
+        if waiter.reading:
+            self.selector.register(connection, selectors.EVENT_READ, waiter)
+        if not self.listening:
+            self.listening = True
+            self.checked = waiter.watch.newest
+            self.store.listen(self.on_change)
+        if not is_loopback(waiter.address):
+            self.per_address[waiter.address] = self.per_address.get(waiter.address, 0) + 1
+            if self.per_address[waiter.address] > max(1, self.capacity // 4):
+                self._end_longest(lambda other: other.address == waiter.address)
+        if len(self.waiters) > self.capacity:
+            self._end_longest(lambda other: True)
+
+    def _end_longest(self, among):
+        """End the longest parked wait AMONG chooses now, as if its time ran out."""
+        waiter = min((w for w in self.waiters.values() if among(w) and w.line.deadline > 0),
+                     key=lambda w: w.since, default=None)
+        if waiter is not None:
+            waiter.line.deadline = 0.0
+            self.next_due = 0.0
+
+    def _remove(self, waiter):
+        connection = waiter.handler.connection
+        del self.waiters[connection]
+        if waiter.reading:
+            self.selector.unregister(connection)
+        if waiter.address in self.per_address:
+            self.per_address[waiter.address] -= 1
+            if not self.per_address[waiter.address]:
+                del self.per_address[waiter.address]
+        if not self.waiters and self.listening:
+            self.listening = False
+            self.store.listen(self.on_change, on=False)
+
+    def _let_go(self, waiter):
+        """Close a parked connection whose wait ends unanswered (it hung up, or the server
+        stops): nothing was delivered to it."""
+        if waiter.handler.connection in self.waiters:
+            self._remove(waiter)
+        if waiter.line.slot:
+            waiter.line.slot = False
+            self.store.long_poll_done(waiter.request.caller.name)
+        handler, waiter.handler.parked = waiter.handler, None
+        with contextlib.suppress(OSError):
+            handler.finish()
+        self.server.shutdown_request(handler.connection)
+
+    def _look(self, waiter):
+        """Let WAITER go if its client hung up; stop reading if it sent more meanwhile (a
+        hang-up is noticed when it is answered then)."""
+        import socket
+        if not waiter.handler.client_listening():
+            self._let_go(waiter)
+            return
+        connection = waiter.handler.connection
+        try:
+            sent = connection.recv(1, socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0))
+        except OSError:
+            sent = b""
+        if sent:
+            self.selector.unregister(connection)
+            waiter.reading = False
+        elif not waiter.handler.client_listening():
+            self._let_go(waiter)
+
+    def _due(self, news):
+        """Answer the waiters to run again now: those whose time ran out and, when NEWS may
+        have come, those it concerns; the others watch on from the newest message."""
+        clock, now = time.monotonic(), time.time()
+        newest = ready = None
+        heard, since = set(), self.checked
+        if news and self.waiters:
+            newest, ready = self.store.marks()
+            since = max(self.checked, min(w.watch.newest for w in self.waiters.values()))
+            if newest > since:
+                with self.store.autocommit() as db:
+                    heard = hearers(db, since)
+            self.checked = max(self.checked, newest)
+        due, self.next_due = [], float("inf")
+        for waiter in list(self.waiters.values()):
+            watch = waiter.watch
+            ends = waiter.line.deadline
+            if watch.until is not None:
+                ends = min(ends, clock + (watch.until - now))
+            if ends <= clock or newest is not None and (
+                    watch.newest < newest and (watch.agent in heard or watch.newest < since)
+                    or watch.ready is not None and ready != watch.ready):
+                due.append(waiter)
+                continue
+            if newest is not None and watch.newest < newest:
+                waiter.watch = watch._replace(newest=newest)
+            self.next_due = min(self.next_due, ends)
+        for waiter in due:
+            self._remove(waiter)
+        return due
+
+    def _answer(self, waiters):
+        """Run the WAITERS' requests again, in one write turn, and answer those that end."""
+        ran = []
+        try:
+            with self.store.writes.turn():
+                for waiter in waiters:
+                    ran.append((waiter, self._run_again(waiter)))
+        except (AgoraError, sqlite3.Error):     # the turn's commit failed: each alone
+            ran = [(waiter, self._run_again(waiter)) for waiter in waiters]
+        for waiter, answer in ran:
+            if answer is None:
+                self._add(waiter)
+            else:
+                self.server.resume(waiter, answer)
+
+    @staticmethod
+    def _run_again(waiter):
+        """Answer WAITER's HttpAnswer, or None when it parks again (its new Watch kept)."""
+        try:
+            return waiter.handler.run_face(waiter.request)
+        except Parked as parked:
+            waiter.watch = parked.watch
+            return None
+
+
 class Server:
     """The listening side: mixed into ThreadingHTTPServer by make_server().
 
     A watchdog thread closes connections that stay too long in one state (idle,
     sending a request, taking an answer), so idle and slow clients cost a
-    sleeping thread each, never the others' service; past max_connections a new
-    connection gets 503 at once. Every setting below can be given to
-    make_server() for one server.
+    sleeping thread each, never the others' service. A connection whose request
+    waits is parked (Parker): it holds no thread and no slot meanwhile. Past
+    max_connections served at once, a new connection waits up to slot_wait seconds
+    for one, then gets 503. Every setting below can be given to make_server() for
+    one server.
     """
 
     daemon_threads = True
@@ -4544,8 +4999,10 @@ class Server:
     request_timeout = 10        # seconds a client has to send a whole request, once begun
     send_timeout = 30           # seconds an answer may take to be taken by a slow reader
     reap_interval = 0.5         # how often the watchdog looks for connections past their time
-    max_connections = 512       # open connections; more get 503 at once
-    max_per_address = 64        # open connections from one client address, loopback aside
+    max_connections = 512       # connections served at once (parked ones aside)
+    max_per_address = 64        # of those from one client address, loopback aside
+    slot_wait = 2.0             # seconds a new connection may wait for a slot, then 503
+    max_waiters = 10000         # parked waits in all (fewer if descriptors are short)
     quiet = False               # log no requests
     public_url = None           # the base URL clients reach, for the agent card
     a2a_guest = None            # the agent A2A requests without a token act as
@@ -4563,8 +5020,22 @@ class Server:
         self.addresses, self.per_address = {}, {}   # socket -> client address; counts
         self.dated = (None, "")
         self.watch_lock = threading.Lock()
+        self.slot_freed = threading.Condition(self.watch_lock)
         self.watchdog_stop = threading.Event()
+        self.parker = None
         super().__init__(address, handler)
+
+    def waiter_capacity(self):
+        """Answer how many waits can be parked: max_waiters, less where the open-files
+        limit leaves room for fewer besides the connections served and the store's."""
+        try:
+            import resource
+        except ImportError:         # no such limit here (Windows)
+            return self.max_waiters
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            return self.max_waiters
+        return max(0, min(self.max_waiters, soft - self.max_connections - DESCRIPTOR_RESERVE))
 
     def date(self):
         """Answer the Date header's value, made once a second."""
@@ -4578,13 +5049,18 @@ class Server:
         """Start the thread that closes connections past their time."""
         threading.Thread(target=self._reap, name="agora-watchdog", daemon=True).start()
 
-    def watch(self, connection, seconds, opened=False, closed=False):
-        """Close CONNECTION unless it moves on within SECONDS (None: no limit)."""
+    def watch(self, connection, seconds, closed=False):
+        """Close CONNECTION unless it moves on within SECONDS (None: no limit); CLOSED: it
+        is closed (or parked), and its slot free."""
         with self.watch_lock:
-            if opened:
-                self.open_connections.add(connection)
-            if closed:
+            if closed and connection in self.open_connections:
                 self.open_connections.discard(connection)
+                address = self.addresses.pop(connection, None)
+                if address is not None:
+                    self.per_address[address] -= 1
+                    if not self.per_address[address]:
+                        del self.per_address[address]
+                self.slot_freed.notify()
             if seconds is None:
                 self.deadlines.pop(connection, None)
             else:
@@ -4605,16 +5081,22 @@ class Server:
                     pass
 
     def process_request(self, request, client_address):
-        """Serve a connection in a thread, or refuse it at once past a cap: of connections
-        in all, or from one client address (loopback aside)."""
+        """Serve a connection in a thread, once it has a slot: past a cap (of connections
+        served in all, or from one client address, loopback aside) it waits up to slot_wait
+        seconds for one, then is refused with 503."""
         address = client_address[0]
+        waits_until = time.monotonic() + self.slot_wait
         with self.watch_lock:
-            full = (len(self.open_connections) >= self.max_connections
-                    or self.per_address.get(address, 0) >= self.max_per_address
-                    and not is_loopback(address))
+            while True:
+                full = (len(self.open_connections) >= self.max_connections
+                        or self.per_address.get(address, 0) >= self.max_per_address
+                        and not is_loopback(address))
+                left = waits_until - time.monotonic()
+                if not full or left <= 0:
+                    break
+                self.slot_freed.wait(left)
             if not full:
-                self.addresses[request] = address
-                self.per_address[address] = self.per_address.get(address, 0) + 1
+                self._take_slot(request, address)
         if full:
             try:
                 request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
@@ -4625,14 +5107,54 @@ class Server:
             return
         super().process_request(request, client_address)
 
-    def shutdown_request(self, request):
-        """Close a connection, and count it out of its address's."""
+    def _take_slot(self, connection, address):
+        """Count CONNECTION among those served (self.watch_lock held)."""
+        self.open_connections.add(connection)
+        self.addresses[connection] = address
+        self.per_address[address] = self.per_address.get(address, 0) + 1
+
+    def process_request_thread(self, request, client_address):
+        """Serve one connection on this thread until it closes or a wait of it parks."""
+        handler = None
+        try:
+            handler = self.RequestHandlerClass(request, client_address, self)
+        except Exception:
+            self.handle_error(request, client_address)
+        self._served(handler, request)
+
+    def _served(self, handler, request):
+        """Park the connection whose thread is done with it, if a wait of it parked; else
+        close it."""
+        if handler is not None and handler.parked is not None:
+            self.watch(request, None, closed=True)
+            self.parker.park(handler.parked)
+        else:
+            self.shutdown_request(request)
+
+    def resume(self, waiter, answer):
+        """Answer a parked wait on a new thread of its connection, which then serves its next
+        requests (called by the Parker once the wait has left it)."""
         with self.watch_lock:
-            address = self.addresses.pop(request, None)
-            if address is not None:
-                self.per_address[address] -= 1
-                if not self.per_address[address]:
-                    del self.per_address[address]
+            self._take_slot(waiter.handler.connection, waiter.address)
+        threading.Thread(target=self._resumed, args=(waiter, answer), daemon=True).start()
+
+    def _resumed(self, waiter, answer):
+        handler = waiter.handler
+        handler.parked = None
+        try:
+            try:
+                handler.reply(answer, waiter.request.route, waiter.request, waiter.started)
+                while not handler.close_connection and handler.parked is None:
+                    handler.handle_one_request()
+            finally:
+                handler.finish()
+        except Exception:
+            self.handle_error(handler.connection, handler.client_address)
+        self._served(handler, handler.connection)
+
+    def shutdown_request(self, request):
+        """Close a connection, its slot freed."""
+        self.watch(request, None, closed=True)
         super().shutdown_request(request)
 
     def server_close(self):
@@ -4641,6 +5163,8 @@ class Server:
         self.stopping = True
         self.watchdog_stop.set()
         super().server_close()
+        if self.parker is not None:
+            self.parker.close()
         writer, self.store.writer = self.store.writer, None
         if writer is not None:
             writer.close()
@@ -4705,8 +5229,21 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
                                          server.public_url)
     if store.writer is None:
         store.writer = Writer(store)
+    server.parker = Parker(server, server.waiter_capacity())
     server.start_watchdog()
     return server
+
+
+def raise_open_files_limit():
+    """Raise this process's soft open-files limit to its hard limit: a shell's usual 1,024
+    would cap the waiting agents a server holds (each one is a socket)."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):  # no such limit, or not to be raised here
+        pass
 
 
 def serve(store, host, port, **options):
@@ -4719,6 +5256,7 @@ def serve(store, host, port, **options):
     # the GIL on within a millisecond rather than Python's five, so each step of the
     # other requests (the writer's statements, a handler's parse) waits that much less.
     sys.setswitchinterval(SWITCH_INTERVAL)
+    raise_open_files_limit()
     server = make_server(store, host, port, **options)
     shown = f"[{host.strip('[]')}]" if ":" in host else host
 
@@ -4733,7 +5271,8 @@ def serve(store, host, port, **options):
     try:
         # Announced only once a stop signal is handled: a script may send one at once.
         print(f"agora {__version__} listening on http://{shown}:{server.server_address[1]} "
-              f"(db {store.path})", flush=True)
+              f"(db {store.path}); holds {server.parker.capacity:,} waiting requests",
+              flush=True)
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         pass
@@ -4750,18 +5289,19 @@ def serve(store, host, port, **options):
 STDIO_EXIT_GRACE = 2.0      # seconds calls still running at end of input may finish
 
 
-def serve_stdio(answer, stdin, stdout, on_initialized=None, ended=None):
+def serve_stdio(answer, stdin, stdout, on_initialized=None):
     """Speak MCP on binary streams, one JSON message per line; answer 0 at end of input.
 
-    ANSWER(line) gives the reply to one message (None for none). Each message is
-    answered in its own thread, so a long read wait=... never holds up a ping or
-    another call arriving on the same input. ON_INITIALIZED(write), if given,
-    runs in a thread of its own once the client says notifications/initialized;
-    WRITE(message) is the one way onto stdout, so lines never interleave. ENDED, an
-    Event, is set when the input ends: the client has gone, and calls still running
-    then (for a short grace) have nobody to answer.
+    ANSWER(data, line) gives the reply to one message DATA (None for none), its caller
+    answered over LINE (a Line): once the input has ended the client is gone, so a wait
+    still running then (for a short grace) delivers nothing, and an answer that cannot
+    be written is taken back. Each message is answered in its own thread, so a long
+    read wait=... never holds up a ping or another call arriving on the same input.
+    ON_INITIALIZED(write), if given, runs in a thread of its own once the client says
+    notifications/initialized; WRITE(message) is the one way onto stdout, so lines never
+    interleave.
     """
-    write_lock = threading.Lock()
+    write_lock, ended = threading.Lock(), threading.Event()
     running = []
 
     def write(message):
@@ -4770,16 +5310,22 @@ def serve_stdio(answer, stdin, stdout, on_initialized=None, ended=None):
             stdout.write(line)
             stdout.flush()
 
-    def reply(line):
-        message = answer(line)
+    def reply(data):
+        line = Line(lambda: not ended.is_set())
+        message = answer(data, line)
         if message is not None:
-            write(message)
+            try:
+                write(message)
+            except OSError:             # the client closed its end: nothing handed over
+                line.lost()
+                with contextlib.suppress(AttributeError, ValueError, OSError):
+                    # what stays in stdout's buffer would fail again at exit
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
 
     while True:
         line = stdin.readline(MAX_REQUEST_BODY + 1)
         if not line:
-            if ended is not None:
-                ended.set()
+            ended.set()
             break
         if len(line) > MAX_REQUEST_BODY and not line.endswith(b"\n"):
             while line and not line.endswith(b"\n"):       # skip the rest of it
@@ -4866,9 +5412,10 @@ def bridge_answer(url, token, channel=False):
     """
     endpoint = url.rstrip("/") + "/mcp"
 
-    def forward(line):
+    def forward(data, line):
+        # the server holds what it delivers: it sees the hang-up when this process ends
         try:
-            message = parse_json(line)
+            message = parse_json(data)
         except ValueError as e:
             return rpc_error(None, -32700, f"Parse error: {e}")
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -4883,7 +5430,7 @@ def bridge_answer(url, token, channel=False):
                                                  "(this channel speaks the initialize handshake)")
         headers.update(routing or {})
         try:
-            status, kind, body = http_post(endpoint, line, headers)
+            status, kind, body = http_post(endpoint, data, headers)
         except Unreachable as error:
             if request_id is None:
                 return None
@@ -5804,7 +6351,6 @@ def channel_notifier(link, tasks):
 
 def _stdio_command(options):
     link = _link(options)
-    ended = threading.Event()       # set when the client's input ends
     notifier = channel_notifier(link, options.tasks) if options.channel else None
     protocol_out, sys.stdout = sys.stdout, sys.stderr   # stray prints must not reach stdout
     try:
@@ -5812,12 +6358,11 @@ def _stdio_command(options):
             answer = bridge_answer(options.url, bearer_token(options), options.channel)
         else:
             ensure_local_agent(link.store, link.name, int(time.time()))
-            caller = Caller(link.name, True, listening=lambda: not ended.is_set())
-            endpoint = McpEndpoint(link.store, caller, channel=options.channel)
 
-            def answer(line):
-                return endpoint.answer(line).message
-        return serve_stdio(answer, sys.stdin.buffer, protocol_out.buffer, notifier, ended)
+            def answer(data, line):
+                return McpEndpoint(link.store, Caller(link.name, True, line=line),
+                                   channel=options.channel).answer(data).message
+        return serve_stdio(answer, sys.stdin.buffer, protocol_out.buffer, notifier)
     finally:
         link.close()
         sys.stdout = protocol_out

@@ -59,6 +59,17 @@ def when_waiting(store):
     return entered
 
 
+class when_parked:
+    """Wait for a long-poll to be parked on SERVER (waiting without a thread)."""
+
+    def __init__(self, server, count=1):
+        self.server, self.count = server, count
+
+    def wait(self, seconds):
+        """Answer whether COUNT waits are parked within SECONDS."""
+        return until(lambda: len(self.server.parker.waiters) >= self.count, seconds)
+
+
 def until(condition, seconds=10):
     """Wait until CONDITION() holds (at most SECONDS); answer whether it did."""
     deadline = time.monotonic() + seconds
@@ -1726,7 +1737,7 @@ class RestTest(ServerCase):
 
     def test_read_wait_over_rest_wakes_on_post(self):
         alice, bob = self.join("alice"), self.join("bob")
-        results, waiting = [], when_waiting(self.store)
+        results, waiting = [], when_parked(self.server)
         waiter = threading.Thread(target=lambda: results.append(
             self.request("POST", "/api/read", {"wait": 20}, bob)))
         started = time.monotonic()
@@ -2001,7 +2012,7 @@ class SlowClientTest(ServerCase):
         self.assertTrue(answer.endswith(b"431 request headers over 16384 bytes\n"), answer[-80:])
 
     def test_a_cap_on_open_connections(self):
-        self.server.max_connections = 3
+        self.server.max_connections, self.server.slot_wait = 3, 0.5
         held = [self.connect() for _ in range(3)]
         self.assertTrue(until(lambda: len(self.server.open_connections) == 3))
         extra = self.connect()
@@ -2188,7 +2199,7 @@ class HangUpTest(ServerCase):
     def hang_up_then_post(self, path, body, pause):
         """Send BODY to PATH as bob, close the connection while it waits, wait PAUSE
         seconds, post bob a message, and let the long-poll finish; answer the message's id."""
-        waiting = when_waiting(self.store)
+        waiting = when_parked(self.server)
         data = json.dumps(body).encode()
         client = socket.create_connection(("127.0.0.1", self.port), timeout=10)
         client.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer "
@@ -2216,6 +2227,99 @@ class HangUpTest(ServerCase):
         posted = self.hang_up_then_post("/api/news", {"wait": 20}, 0)
         news = agora.call(self.store, "news", {"peek": True}, agora.Caller("bob", True)).body
         self.assertEqual([m["id"] for m in news["messages"]], [posted])
+
+
+    def test_a_wait_hung_up_on_after_sending_more_loses_nothing(self):
+        # The client sends its next request's first bytes, then hangs up: the parked wait
+        # cannot see the end behind those bytes; its answer must still see it.
+        data = json.dumps({"wait": 20}).encode()
+        client = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        client.sendall(b"POST /api/read HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: "
+                       b"Bearer %s\r\nContent-Length: %d\r\n\r\n%sGET /a" % (
+                           self.port, self.token.encode(), len(data), data))
+        self.assertTrue(when_parked(self.server).wait(10))
+        client.close()
+        time.sleep(0.2)
+        posted = agora.call(self.store, "post", {"to": "bob", "body": "behind the bytes"},
+                            agora.Caller("alice", True)).body["id"]
+        self.assertTrue(until(lambda: not self.server.parker.waiters))
+        got = agora.call(self.store, "read", {}, agora.Caller("bob", True)).body
+        self.assertEqual([m["id"] for m in got["messages"]], [posted])
+
+    def test_a_stdio_answer_that_cannot_be_written_delivers_nothing(self):
+        posted = agora.call(self.store, "post", {"to": "bob", "body": "to a closed pipe"},
+                            agora.Caller("alice", True)).body["id"]
+        read, write = os.pipe()
+        os.close(read)                          # the client is gone: writing fails
+        stdio = subprocess.run(
+            [sys.executable, AGORA, "stdio", "--as", "bob", "--db", self.store.path],
+            input=json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                "name": "read", "arguments": {}}}).encode() + b"\n",
+            stdout=write, stderr=subprocess.PIPE, timeout=60)
+        os.close(write)
+        self.assertEqual(stdio.returncode, 0, stdio.stderr)
+        got = agora.call(self.store, "read", {}, agora.Caller("bob", True)).body
+        self.assertEqual([m["id"] for m in got["messages"]], [posted])
+
+
+class CrowdTest(ServerCase):
+    """Waiting agents hold no thread and no connection slot: they never crowd out work."""
+
+    def wait_on(self, token, wait=20):
+        """Send a read wait on a connection of its own; answer the connection."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn.request("POST", "/api/read", body=json.dumps({"wait": wait}),
+                     headers={"Authorization": f"Bearer {token}"})
+        return conn
+
+    def test_waiters_past_the_connection_cap_and_one_post_for_all(self):
+        self.server.max_connections = 4
+        tokens = [self.join(f"agent{i}") for i in range(12)]
+        for i in range(12):
+            agora.call(self.store, "brief", {}, agora.Caller(f"agent{i}", True))
+        conns = [self.wait_on(token) for token in tokens]
+        self.assertTrue(when_parked(self.server, 12).wait(10))
+        self.assertLessEqual(len(self.server.open_connections), 1)
+        status, _, body = self.request("POST", "/api/post", {"body": "to all"},
+                                       self.join("poster"))
+        self.assertEqual(status, 200)
+        for i, conn in enumerate(conns):
+            answer = json.loads(conn.getresponse().read())
+            self.assertEqual([m["body"] for m in answer["messages"]], ["to all"], i)
+            conn.request("POST", "/api/read", body="{}",       # the connection goes on
+                         headers={"Authorization": f"Bearer {tokens[i]}"})
+            self.assertEqual(json.loads(conn.getresponse().read())["messages"], [])
+            conn.close()
+
+    def test_past_the_cap_the_longest_wait_ends_first(self):
+        self.server.parker.capacity = 2
+        tokens = [self.join(name) for name in ("ann", "ben", "cy")]
+        started = time.monotonic()
+        first = self.wait_on(tokens[0])
+        self.assertTrue(when_parked(self.server, 1).wait(10))
+        others = [self.wait_on(token) for token in tokens[1:]]
+        response = first.getresponse()
+        self.assertEqual(response.status, 200)
+        self.assertEqual(json.loads(response.read())["messages"], [])
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertTrue(until(lambda: len(self.server.parker.waiters) == 2))
+        for conn in [first] + others:
+            conn.close()
+
+    def test_a_dm_wakes_only_its_reader(self):
+        alice, bob, carol = (self.join(name) for name in ("alice", "bob", "carol"))
+        waits = {"bob": self.wait_on(bob), "carol": self.wait_on(carol)}
+        self.assertTrue(when_parked(self.server, 2).wait(10))
+        self.assertEqual(self.request("POST", "/api/post", {"to": "bob", "body": "hi"},
+                                      alice)[0], 200)
+        self.assertEqual([m["body"] for m in json.loads(
+            waits["bob"].getresponse().read())["messages"]], ["hi"])
+        self.assertTrue(until(lambda: len(self.server.parker.waiters) == 1))
+        self.assertEqual(self.request("POST", "/api/post", {"body": "all"}, alice)[0], 200)
+        self.assertEqual([m["body"] for m in json.loads(
+            waits["carol"].getresponse().read())["messages"]], ["all"])
+        for conn in waits.values():
+            conn.close()
 
 
 class PrivacyEveryFaceTest(ServerCase):
@@ -3281,7 +3385,8 @@ class ServeCommandTest(unittest.TestCase):
                                    "--db", self.db], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         line = read_line(server.stdout)
-        match = re.fullmatch(r"agora \S+ listening on http://127\.0\.0\.1:(\d+) \(db (.+)\)\n",
+        match = re.fullmatch(r"agora \S+ listening on http://127\.0\.0\.1:(\d+) \(db (.+)\); "
+                             r"holds [0-9,]+ waiting requests\n",
                              line)
         self.assertTrue(match, line)
         self.assertEqual(match.group(2), self.db)
