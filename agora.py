@@ -4637,15 +4637,21 @@ class RequestHandler:
         traceback.print_exc(file=sys.stderr)
         return HttpAnswer(500, json_bytes({"error": "internal error; the server log has details"}))
 
-    def reply(self, answer, route, request, started):
-        """Hand ANSWER to REQUEST's client and log it. What the answer hands over is
-        taken back (Line.lost) when the client hung up before it or the write fails."""
+    def reply(self, answer, route, request, started, at_once=False):
+        """Hand ANSWER to REQUEST's client and log it; answer what is left to write: with
+        AT_ONCE (the Parker) only what the socket takes without waiting is written. What
+        the answer hands over is taken back (Line.lost) when the client hung up before it
+        or the write fails: a delivery is final once its first bytes are written."""
         line = request.caller.line if request is not None else None
-        handed = True
+        handed, left = True, b""
         try:
             if line is not None and line.undo and not line.listening():
                 raise ConnectionResetError("the client hung up")
-            self.send(answer.status, answer.payload, answer.headers)
+            data = self.framed(answer.status, answer.payload, answer.headers)
+            if at_once:
+                left = data[self.write_at_once(data):]
+            else:
+                self.write(data)
         except OSError:
             handed, self.close_connection = False, True
             if line is not None:
@@ -4658,6 +4664,7 @@ class RequestHandler:
             gone = "" if handed else " (the client hung up: nothing handed over)"
             sys.stderr.write(f"{stamp} {route.log if route else 'rest'} {agent} {what} "
                              f"{answer.status} {millis:.0f}ms{gone}\n")
+        return left
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = handle_one_method
 
@@ -4715,6 +4722,10 @@ class RequestHandler:
 
     def send(self, status, payload, headers):
         """Write one whole answer in a single write, then wait for the next request."""
+        self.write(self.framed(status, payload, headers))
+
+    def framed(self, status, payload, headers):
+        """Answer one whole answer's bytes: status line, header fields and PAYLOAD."""
         lines = [f"{self.protocol_version} {status} {self.responses.get(status, ('',))[0]}",
                  f"Server: {self.server_version}", f"Date: {self.server.date()}",
                  f"Content-Length: {len(payload)}"]
@@ -4725,9 +4736,34 @@ class RequestHandler:
             self.close_connection = True
         if self.close_connection:
             lines.append("Connection: close")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload
+
+    def write(self, data):
+        """Write DATA, as long as the client takes it within send_timeout."""
         self.server.watch(self.connection, self.server.send_timeout)
-        self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload)
+        self.wfile.write(data)
         self.server.watch(self.connection, self.server.idle_timeout)
+
+    def write_at_once(self, data):
+        """Write what of DATA the socket takes without waiting; answer how many bytes."""
+        self.connection.setblocking(False)
+        try:
+            return self.connection.send(data)
+        except BlockingIOError:
+            return 0
+        finally:
+            self.connection.setblocking(True)
+
+    def has_more(self):
+        """Answer whether the client's next request has begun to arrive, read already or
+        waiting in the socket (a look that does not wait)."""
+        self.connection.setblocking(False)
+        try:
+            return bool(self.rfile.peek(1))
+        except (OSError, ValueError):
+            return False
+        finally:
+            self.connection.setblocking(True)
 
     def log_message(self, format, *args):
         """Stay quiet: handle_one_method logs one line per request itself."""
@@ -4755,26 +4791,30 @@ class Waiter:
 
 
 ANSWER_BATCH = 256          # parked waits answered in one write turn (one commit)
+FIRST_ANSWERS = 16          # of them in the first turn after news, so the first go out soon
 DESCRIPTOR_RESERVE = 64     # descriptors kept for the store and the server's own files
 
 
 class Parker:
-    """The parked waits of one server, and the one thread that watches and answers them.
+    """The parked connections of one server, and the one thread that watches them.
 
     A waiting request gives back its thread and its request slot: its connection is kept
-    here, its socket watched with a selector, so a client that hangs up is let go at
-    once (nothing was delivered to it). When the file changes, the waits whose agent has
-    news (hearers), whose ready sequence moved, or whose hold, lease or wait ran out are
-    run again on this thread -- as many as ANSWER_BATCH in one write turn, so a public
-    post to N waiters costs N small attempts and one commit per batch -- and each answer
-    goes out on a new thread of its connection, which then serves its next requests.
+    here (a Waiter), its socket watched with a selector, so a client that hangs up is
+    let go at once (nothing was delivered to it). When the file changes, the waits whose
+    agent has news (hearers), whose ready sequence moved, or whose hold, lease or wait ran
+    out are run again on this thread: FIRST_ANSWERS in one write turn, then twice as
+    many in each next one up to ANSWER_BATCH, so a public post to N waiters costs N small
+    attempts and a few commits, and the first answers go out soon. This thread writes
+    each answer itself, as far as the socket takes it at once; the connection then idles
+    here too, a socket and no thread, until its next request begins (a new thread then
+    serves it) or it has idled for the server's idle_timeout.
 
-    Invariant: a connection is served by one thread or parked here, never both: it is
-    parked only once the thread that served it is done with it, and its next thread is
-    started only once it has left the parker. Bounds: MAX_LONG_POLLS per agent (the
-    Line's slot), a quarter of the capacity per client address (loopback aside) and the
-    capacity in all; past one, the longest parked wait of that bound ends at once, as if
-    its time ran out.
+    Invariant: a connection is served by one thread or kept here, never both: it comes
+    here only once the thread that served it is done with it, and its next thread starts
+    only once it has left. Bounds: MAX_LONG_POLLS per agent (the Line's slot), a quarter
+    of the capacity per client address (loopback aside), the capacity in all; past one,
+    the longest idle connection closes, else the longest wait of that bound ends at once,
+    as if its time ran out.
     """
 
     def __init__(self, server, capacity):
@@ -4789,6 +4829,7 @@ class Parker:
         self.lock = threading.Lock()
         self.arriving, self.changed, self.stopping = [], False, False
         self.waiters = {}           # connection -> Waiter
+        self.idle = {}              # connection -> (its handler, when it is closed)
         self.per_address = {}       # client address -> parked waits, loopback aside
         self.checked = 0            # news up to this message id was looked for
         self.next_due = float("inf")
@@ -4815,7 +4856,7 @@ class Parker:
             pass
 
     def close(self):
-        """Let every parked connection go (nothing was delivered to it); end the thread."""
+        """Let every kept connection go (nothing was delivered to a waiter); end the thread."""
         with self.lock:
             self.stopping = True
         self._ring()
@@ -4830,27 +4871,29 @@ class Parker:
                 changed, self.changed = self.changed, False
                 stopping = self.stopping
             try:
-                looked = []
-                for key, _ in events:
-                    if key.fileobj is self.bell:
-                        with contextlib.suppress(OSError):
-                            self.bell.recv(4096)
-                    else:
-                        looked.append(key.data)
                 if stopping:
                     for waiter in list(self.waiters.values()) + arriving:
                         self._let_go(waiter)
+                    for handler, _ in list(self.idle.values()):
+                        self._close(handler)
                     self.selector.close()
                     self.bell.close()
                     self.ringer.close()
                     return
-                for waiter in looked:
-                    self._look(waiter)
+                for key, _ in events:
+                    if key.fileobj is self.bell:
+                        with contextlib.suppress(OSError):
+                            self.bell.recv(4096)
+                    elif isinstance(key.data, Waiter):
+                        self._look(key.data)
+                    else:
+                        self._next_request(key.data)
                 for waiter in arriving:
                     self._add(waiter)
-                due = self._due(changed or bool(arriving))
-                for start in range(0, len(due), ANSWER_BATCH):
-                    self._answer(due[start:start + ANSWER_BATCH])
+                due, batch = self._due(changed or bool(arriving)), FIRST_ANSWERS
+                while due:              # the first few soon, then more to a commit
+                    self._answer(due[:batch])
+                    due, batch = due[batch:], min(2 * batch, ANSWER_BATCH)
             except Exception:           # a bug of the parker's own: said, and on
                 import traceback
                 traceback.print_exc(file=sys.stderr)
@@ -4869,16 +4912,30 @@ class Parker:
             self.per_address[waiter.address] = self.per_address.get(waiter.address, 0) + 1
             if self.per_address[waiter.address] > max(1, self.capacity // 4):
                 self._end_longest(lambda other: other.address == waiter.address)
-        if len(self.waiters) > self.capacity:
-            self._end_longest(lambda other: True)
+        self._make_room()
+
+    def _make_room(self):
+        """Keep to the capacity: close the longest idle connection, else end the longest
+        wait."""
+        while len(self.waiters) + len(self.idle) > self.capacity:
+            if self.idle:
+                self._close(next(iter(self.idle.values()))[0])
+                continue
+            ending = sum(1 for waiter in self.waiters.values() if not waiter.line.deadline)
+            if (len(self.waiters) - ending <= self.capacity
+                    or not self._end_longest(lambda other: True)):
+                return
 
     def _end_longest(self, among):
-        """End the longest parked wait AMONG chooses now, as if its time ran out."""
+        """End the longest parked wait AMONG chooses now, as if its time ran out; answer
+        whether there was one."""
         waiter = min((w for w in self.waiters.values() if among(w) and w.line.deadline > 0),
                      key=lambda w: w.since, default=None)
-        if waiter is not None:
-            waiter.line.deadline = 0.0
-            self.next_due = 0.0
+        if waiter is None:
+            return False
+        waiter.line.deadline = 0.0
+        self.next_due = 0.0
+        return True
 
     def _remove(self, waiter):
         connection = waiter.handler.connection
@@ -4901,7 +4958,13 @@ class Parker:
         if waiter.line.slot:
             waiter.line.slot = False
             self.store.long_poll_done(waiter.request.caller.name)
-        handler, waiter.handler.parked = waiter.handler, None
+        self._close(waiter.handler)
+
+    def _close(self, handler):
+        """Close a kept connection."""
+        if self.idle.pop(handler.connection, None) is not None:
+            self.selector.unregister(handler.connection)
+        handler.parked = None
         with contextlib.suppress(OSError):
             handler.finish()
         self.server.shutdown_request(handler.connection)
@@ -4909,24 +4972,26 @@ class Parker:
     def _look(self, waiter):
         """Let WAITER go if its client hung up; stop reading if it sent more meanwhile (a
         hang-up is noticed when it is answered then)."""
-        import socket
         if not waiter.handler.client_listening():
             self._let_go(waiter)
-            return
-        connection = waiter.handler.connection
-        try:
-            sent = connection.recv(1, socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0))
-        except OSError:
-            sent = b""
-        if sent:
-            self.selector.unregister(connection)
+        elif waiter.handler.has_more():
+            self.selector.unregister(waiter.handler.connection)
             waiter.reading = False
-        elif not waiter.handler.client_listening():
-            self._let_go(waiter)
+
+    def _next_request(self, handler):
+        """Serve an idle connection's next request on a thread of its own, or close it if
+        its client hung up."""
+        if not handler.has_more():
+            self._close(handler)
+            return
+        del self.idle[handler.connection]
+        self.selector.unregister(handler.connection)
+        self.server.serve_again(handler)
 
     def _due(self, news):
         """Answer the waiters to run again now: those whose time ran out and, when NEWS may
-        have come, those it concerns; the others watch on from the newest message."""
+        have come, those it concerns; the others watch on from the newest message. Close
+        the connections that idled too long."""
         clock, now = time.monotonic(), time.time()
         newest = ready = None
         heard, since = set(), self.checked
@@ -4951,6 +5016,11 @@ class Parker:
             if newest is not None and watch.newest < newest:
                 waiter.watch = watch._replace(newest=newest)
             self.next_due = min(self.next_due, ends)
+        for handler, closes in list(self.idle.values()):
+            if closes <= clock:
+                self._close(handler)
+            else:
+                self.next_due = min(self.next_due, closes)
         for waiter in due:
             self._remove(waiter)
         return due
@@ -4967,8 +5037,26 @@ class Parker:
         for waiter, answer in ran:
             if answer is None:
                 self._add(waiter)
+                continue
+            handler = waiter.handler
+            handler.parked = None
+            left = handler.reply(answer, waiter.request.route, waiter.request,
+                                 waiter.started, at_once=True)
+            if handler.close_connection and not left:
+                self._close(handler)
+            elif left or handler.has_more():
+                self.server.serve_again(handler, left)
             else:
-                self.server.resume(waiter, answer)
+                self._keep_idle(handler)
+
+    def _keep_idle(self, handler):
+        """Keep HANDLER's connection, answered, until its next request begins."""
+        import selectors
+        self.idle[handler.connection] = (
+            handler, time.monotonic() + self.server.idle_timeout)
+        self.selector.register(handler.connection, selectors.EVENT_READ, handler)
+        self.next_due = min(self.next_due, time.monotonic() + self.server.idle_timeout)
+        self._make_room()
 
     @staticmethod
     def _run_again(waiter):
@@ -5131,19 +5219,19 @@ class Server:
         else:
             self.shutdown_request(request)
 
-    def resume(self, waiter, answer):
-        """Answer a parked wait on a new thread of its connection, which then serves its next
-        requests (called by the Parker once the wait has left it)."""
+    def serve_again(self, handler, left=b""):
+        """Serve a connection the Parker lets go of on a new thread: write what is LEFT of
+        its last answer, then serve its next requests."""
         with self.watch_lock:
-            self._take_slot(waiter.handler.connection, waiter.address)
-        threading.Thread(target=self._resumed, args=(waiter, answer), daemon=True).start()
+            self._take_slot(handler.connection, handler.client_address[0])
+        self.watch(handler.connection, self.idle_timeout)
+        threading.Thread(target=self._served_again, args=(handler, left), daemon=True).start()
 
-    def _resumed(self, waiter, answer):
-        handler = waiter.handler
-        handler.parked = None
+    def _served_again(self, handler, left):
         try:
             try:
-                handler.reply(answer, waiter.request.route, waiter.request, waiter.started)
+                if left:
+                    handler.write(left)
                 while not handler.close_connection and handler.parked is None:
                     handler.handle_one_request()
             finally:
@@ -5591,6 +5679,10 @@ def _build_parser(command=None, argv=()):
         serve_parser.add_argument("--a2a-block", type=int, default=A2A_DEFAULT_BLOCK,
                                   metavar="SECONDS", help="longest wait of a blocking A2A "
                                   f"SendMessage (default {A2A_DEFAULT_BLOCK})")
+        serve_parser.add_argument("--max-waiters", type=int, default=Server.max_waiters,
+                                  metavar="N", help="waiting requests held at once; past it "
+                                  "the longest waiting is answered 'nothing new' (default "
+                                  f"{Server.max_waiters:,}, fewer if open files are short)")
     remote = Parser(add_help=False)
     remote.add_argument("--url", default=os.environ.get("AGORA_URL"),
                         help="a remote agora to use instead of the file (default $AGORA_URL)")
@@ -6650,7 +6742,8 @@ def _serve_command(options):
         try:
             return serve(store, host, port, allow_hosts=options.allow_host,
                          quiet=options.quiet, public_url=options.public_url,
-                         a2a_guest=options.a2a_guest, a2a_block=max(0, options.a2a_block))
+                         a2a_guest=options.a2a_guest, a2a_block=max(0, options.a2a_block),
+                         max_waiters=max(0, options.max_waiters))
         except OSError as error:
             raise AgoraError(f"cannot listen on {host}:{port}: "
                              f"{error.strerror or error}") from None
