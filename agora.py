@@ -931,12 +931,14 @@ class Line:
     the caller hung up before it, or writing it failed. PARKS: the face parks a wait
     of this request (Parked) rather than block a thread on it; DEADLINE, once parked, is
     when the wait ends (a monotonic time) and SLOT that it holds one of its agent's
-    long-polls, both kept across the runs of the operation that follow.
+    long-polls, both kept across the runs of the operation that follow; WAITS, that the
+    request was a long-poll at all (its connection then idles parked too).
     """
 
     def __init__(self, open=None, parks=False):
         self.open, self.parks = open, parks
         self.deadline, self.slot, self.undo = None, False, []
+        self.waits = False          # the request is a long-poll (its caller waits in turn)
 
     def listening(self):
         """Answer whether the caller can still take an answer, as far as its face can tell."""
@@ -998,6 +1000,8 @@ def wait_for(store, caller, wait, now, attempt):
     long-poll taken are the Line's across those runs.
     """
     line, started = caller.line, time.monotonic()
+    if line is not None and wait:
+        line.waits = True
     resumed = line is not None and line.deadline is not None
     deadline = line.deadline if resumed else started + wait
     held, parking, waited = resumed and line.slot, False, resumed
@@ -4478,7 +4482,7 @@ class RequestHandler:
     # server's watchdog closes connections that idle, send slowly or stall instead.
     timeout = None
 
-    parked = None               # the Waiter of this connection's parked wait, if any
+    parked = None               # the Waiter of its parked wait, or IDLE: the Parker has it
 
     def setup(self):
         """Register the connection with the watchdog, idle until a request begins."""
@@ -4607,6 +4611,8 @@ class RequestHandler:
                 self.parked = Waiter(self, request, parked.watch, started)
                 return
         self.reply(answer, route, request, started)
+        if request is not None and request.caller.line.waits and not self.close_connection:
+            self.parked = IDLE          # between an agent's long-polls: a socket, no thread
 
     def run_face(self, request):
         """Answer what REQUEST's face says to it (a bug in it is its 500), or raise Parked
@@ -4769,6 +4775,9 @@ class RequestHandler:
         """Stay quiet: handle_one_method logs one line per request itself."""
 
 
+IDLE = "idle"               # RequestHandler.parked of a connection the Parker keeps idle
+
+
 class Waiter:
     """A parked wait: its connection's HANDLER, the REQUEST to run again, the WATCH of what
     ends it, when its request began (STARTED), and when it first parked (SINCE)."""
@@ -4837,10 +4846,11 @@ class Parker:
         self.thread = threading.Thread(target=self._run, name="agora-parker", daemon=True)
         self.thread.start()
 
-    def park(self, waiter):
-        """Take WAITER's connection, whose thread is done with it."""
+    def park(self, kept):
+        """Take a connection whose thread is done with it: KEPT is a parked wait's Waiter,
+        or the handler of a connection to keep idle until its next request."""
         with self.lock:
-            self.arriving.append(waiter)
+            self.arriving.append(kept)
         self._ring()
 
     def on_change(self):
@@ -4872,8 +4882,11 @@ class Parker:
                 stopping = self.stopping
             try:
                 if stopping:
-                    for waiter in list(self.waiters.values()) + arriving:
-                        self._let_go(waiter)
+                    for kept in list(self.waiters.values()) + arriving:
+                        if isinstance(kept, Waiter):
+                            self._let_go(kept)
+                        else:
+                            self._close(kept)
                     for handler, _ in list(self.idle.values()):
                         self._close(handler)
                     self.selector.close()
@@ -4888,9 +4901,13 @@ class Parker:
                         self._look(key.data)
                     else:
                         self._next_request(key.data)
-                for waiter in arriving:
-                    self._add(waiter)
-                due, batch = self._due(changed or bool(arriving)), FIRST_ANSWERS
+                for kept in arriving:
+                    if isinstance(kept, Waiter):
+                        self._add(kept)
+                    else:
+                        self._keep_idle(kept)
+                news = changed or any(isinstance(kept, Waiter) for kept in arriving)
+                due, batch = self._due(news), FIRST_ANSWERS
                 while due:              # the first few soon, then more to a commit
                     self._answer(due[:batch])
                     due, batch = due[batch:], min(2 * batch, ANSWER_BATCH)
@@ -5044,7 +5061,7 @@ class Parker:
                                  waiter.started, at_once=True)
             if handler.close_connection and not left:
                 self._close(handler)
-            elif left or handler.has_more():
+            elif left:
                 self.server.serve_again(handler, left)
             else:
                 self._keep_idle(handler)
@@ -5052,6 +5069,10 @@ class Parker:
     def _keep_idle(self, handler):
         """Keep HANDLER's connection, answered, until its next request begins."""
         import selectors
+        if handler.has_more():
+            self.server.serve_again(handler)
+            return
+        handler.parked = None
         self.idle[handler.connection] = (
             handler, time.monotonic() + self.server.idle_timeout)
         self.selector.register(handler.connection, selectors.EVENT_READ, handler)
@@ -5074,10 +5095,10 @@ class Server:
     A watchdog thread closes connections that stay too long in one state (idle,
     sending a request, taking an answer), so idle and slow clients cost a
     sleeping thread each, never the others' service. A connection whose request
-    waits is parked (Parker): it holds no thread and no slot meanwhile. Past
-    max_connections served at once, a new connection waits up to slot_wait seconds
-    for one, then gets 503. Every setting below can be given to make_server() for
-    one server.
+    waits is parked (Parker): it holds no thread and no slot meanwhile. A new
+    connection past max_connections served at once (or max_per_address) waits up to
+    slot_wait seconds for a slot, holding nobody up, then gets 503. Every setting
+    below can be given to make_server() for one server.
     """
 
     daemon_threads = True
@@ -5108,7 +5129,7 @@ class Server:
         self.addresses, self.per_address = {}, {}   # socket -> client address; counts
         self.dated = (None, "")
         self.watch_lock = threading.Lock()
-        self.slot_freed = threading.Condition(self.watch_lock)
+        self.queued = []            # (connection, client address, until): waiting for a slot
         self.watchdog_stop = threading.Event()
         self.parker = None
         super().__init__(address, handler)
@@ -5139,7 +5160,8 @@ class Server:
 
     def watch(self, connection, seconds, closed=False):
         """Close CONNECTION unless it moves on within SECONDS (None: no limit); CLOSED: it
-        is closed (or parked), and its slot free."""
+        is closed (or parked), and its slot goes to a connection waiting for one."""
+        freed = False
         with self.watch_lock:
             if closed and connection in self.open_connections:
                 self.open_connections.discard(connection)
@@ -5148,11 +5170,13 @@ class Server:
                     self.per_address[address] -= 1
                     if not self.per_address[address]:
                         del self.per_address[address]
-                self.slot_freed.notify()
+                freed = bool(self.queued)
             if seconds is None:
                 self.deadlines.pop(connection, None)
             else:
                 self.deadlines[connection] = time.monotonic() + seconds
+        if freed:
+            self._admit()
 
     def _reap(self):
         import socket
@@ -5162,38 +5186,59 @@ class Server:
                 late = [conn for conn, deadline in self.deadlines.items() if deadline <= now]
                 for conn in late:
                     del self.deadlines[conn]
+                refused = [item for item in self.queued if item[2] <= now]
+                self.queued = [item for item in self.queued if item[2] > now]
             for conn in late:
                 try:
                     conn.shutdown(socket.SHUT_RDWR)     # wakes the thread blocked on it
                 except OSError:
                     pass
+            for conn, _, _ in refused:
+                self._refuse(conn)
 
     def process_request(self, request, client_address):
-        """Serve a connection in a thread, once it has a slot: past a cap (of connections
-        served in all, or from one client address, loopback aside) it waits up to slot_wait
-        seconds for one, then is refused with 503."""
-        address = client_address[0]
-        waits_until = time.monotonic() + self.slot_wait
+        """Serve a connection in a thread once it has a slot: past the connections served
+        in all, or from one client address (loopback aside), it waits up to slot_wait
+        seconds for one without holding anyone up, then is refused with 503."""
         with self.watch_lock:
-            while True:
-                full = (len(self.open_connections) >= self.max_connections
-                        or self.per_address.get(address, 0) >= self.max_per_address
-                        and not is_loopback(address))
-                left = waits_until - time.monotonic()
-                if not full or left <= 0:
-                    break
-                self.slot_freed.wait(left)
-            if not full:
-                self._take_slot(request, address)
-        if full:
-            try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                                b"Connection: close\r\nRetry-After: 1\r\n\r\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
+            fits = self._fits(client_address[0])
+            if fits:
+                self._take_slot(request, client_address[0])
+            else:
+                self.queued.append((request, client_address,
+                                    time.monotonic() + self.slot_wait))
+        if fits:
+            super().process_request(request, client_address)
+
+    def _fits(self, address):
+        """Answer whether a connection from ADDRESS may be served now (watch_lock held)."""
+        return len(self.open_connections) < self.max_connections and (
+            self.per_address.get(address, 0) < self.max_per_address or is_loopback(address))
+
+    def _admit(self):
+        """Serve the connections waiting for a slot that have one now, oldest first."""
+        admitted = []
+        with self.watch_lock:
+            for item in list(self.queued):
+                if self._fits(item[1][0]):
+                    self.queued.remove(item)
+                    self._take_slot(item[0], item[1][0])
+                    admitted.append(item)
+        for request, client_address, _ in admitted:
+            super().process_request(request, client_address)
+
+    @staticmethod
+    def _refuse(connection):
+        """Answer 503 on a connection that found no slot in time, and close it."""
+        try:
+            connection.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                               b"Connection: close\r\nRetry-After: 1\r\n\r\n")
+        except OSError:
+            pass
+        import socket
+        with contextlib.suppress(OSError):
+            connection.shutdown(socket.SHUT_WR)
+        connection.close()
 
     def _take_slot(self, connection, address):
         """Count CONNECTION among those served (self.watch_lock held)."""
@@ -5211,17 +5256,18 @@ class Server:
         self._served(handler, request)
 
     def _served(self, handler, request):
-        """Park the connection whose thread is done with it, if a wait of it parked; else
-        close it."""
+        """Hand the connection whose thread is done with it to the Parker, if a wait of it
+        parked (or it idles between long-polls); else close it."""
         if handler is not None and handler.parked is not None:
             self.watch(request, None, closed=True)
-            self.parker.park(handler.parked)
+            self.parker.park(handler if handler.parked is IDLE else handler.parked)
         else:
             self.shutdown_request(request)
 
     def serve_again(self, handler, left=b""):
         """Serve a connection the Parker lets go of on a new thread: write what is LEFT of
         its last answer, then serve its next requests."""
+        handler.parked = None
         with self.watch_lock:
             self._take_slot(handler.connection, handler.client_address[0])
         self.watch(handler.connection, self.idle_timeout)
@@ -5253,6 +5299,10 @@ class Server:
         super().server_close()
         if self.parker is not None:
             self.parker.close()
+        with self.watch_lock:
+            queued, self.queued = self.queued, []
+        for connection, _, _ in queued:
+            self._refuse(connection)
         writer, self.store.writer = self.store.writer, None
         if writer is not None:
             writer.close()

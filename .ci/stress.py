@@ -57,6 +57,18 @@ def request(port, method, path, body=None, token=None, timeout=30):
         conn.close()
 
 
+def posts_meanwhile(port, token, seconds):
+    """Post one after another for SECONDS; answer each post's milliseconds (all 200)."""
+    latencies, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        began = time.perf_counter()
+        status, _ = request(port, "POST", "/api/post", {"body": f"post {len(latencies)}"},
+                            token)
+        latencies.append((time.perf_counter() - began) * 1000)
+        assert status == 200, status
+    return latencies
+
+
 REST_CLAIMER = """
 import http.client, json, sys, time
 port, token = int(sys.argv[1]), sys.argv[2]
@@ -491,15 +503,8 @@ def plan_flood(work):
     first = layer[0] - (LAYERS - 1) * WIDTH
     flooder = subprocess.Popen([sys.executable, "-c", PLANNER, str(port), planner, str(first),
                                 str(layer[-1])], stdout=subprocess.PIPE, text=True)
-    latencies = []
-    deadline = time.monotonic() + 4.5
     time.sleep(0.3)
-    while time.monotonic() < deadline:
-        began = time.perf_counter()
-        status, _ = request(port, "POST", "/api/post", {"body": f"post {len(latencies)}"},
-                            poster)
-        latencies.append((time.perf_counter() - began) * 1000)
-        assert status == 200, status
+    latencies = posts_meanwhile(port, poster, 4.5)
     report = json.loads(flooder.communicate(timeout=60)[0])
     log = stop_server(server)
     check(f"plan flood: {report['turns']} update_task after= through a plan of "
@@ -539,14 +544,7 @@ def reserve_flood(work):
                                   mint_token(db, agent), agent], stdout=subprocess.PIPE,
                                  text=True) for agent in agents]
     poster = mint_token(db, "poster")
-    latencies = []
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        began = time.perf_counter()
-        status, _ = request(port, "POST", "/api/post", {"body": f"post {len(latencies)}"},
-                            poster)
-        latencies.append((time.perf_counter() - began) * 1000)
-        assert status == 200, status
+    latencies = posts_meanwhile(port, poster, 5)
     reports = [json.loads(flooder.communicate(timeout=60)[0]) for flooder in flooders]
     log = stop_server(server)
     with sqlite3.connect(db) as con:
