@@ -105,7 +105,7 @@ PATTERN_RULES = {
     PAGE_TOKEN: "a page token this server gave",
 }
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 NEWEST_MESSAGE = "SELECT coalesce(max(id), 0) FROM messages"
 NEWEST_READY = "SELECT value FROM counters WHERE name = 'ready'"
 MARKS = f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})"     # what a waiter watches
@@ -336,6 +336,11 @@ INSERT INTO counters VALUES ('indexed', (SELECT coalesce(max(id), 0) FROM messag
     # walks again in the write turn only when the graph changed meanwhile.
     9: """
 INSERT INTO counters VALUES ('deps', 0);
+""",
+    # Who hears a new message (hearers), found from its channel: a parked crowd's server
+    # asks at every commit.
+    10: """
+CREATE INDEX cursors_by_channel ON cursors (channel);
 """,
 }
 
@@ -1652,6 +1657,13 @@ def hearers(db, since):
         "AND c.following = 1 AND c.agent != m.sender WHERE m.id > ?", (since,))}
 
 
+def _anything_unread(db, me, now):
+    """Answer whether anything is unread for ME (UNREAD_FOR_ME, a hold that ran out too)."""
+    return db.execute(f"SELECT 1 FROM cursors c JOIN messages m ON {UNREAD_FOR_ME} "
+                      f"WHERE {MY_CURSORS} LIMIT 1", {"me": me, "now": now, "after": 0}
+                      ).fetchone() is not None
+
+
 def _held(db, me, now):
     """Answer (how many messages are held for ME, when the next hold runs out or None):
     read off its cursors, however many are held."""
@@ -2428,6 +2440,10 @@ def op_read(store, caller, args, now):
     me, hold = caller.name, args["hold"]
 
     def attempt(at):
+        if args["wait"]:        # a long-poll looks before it writes: most looks find nothing
+            with store.transaction() as db:
+                if not _anything_unread(db, me, at):
+                    return None, Watch(me, _newest_id(db), None, _held(db, me, at)[1])
         with store.transaction(write=True) as db:
             messages, remaining, moved = _deliver(db, me, args["limit"], at, hold)
             for channel, before in moved.items():
@@ -4780,13 +4796,14 @@ IDLE = "idle"               # RequestHandler.parked of a connection the Parker k
 
 class Waiter:
     """A parked wait: its connection's HANDLER, the REQUEST to run again, the WATCH of what
-    ends it, when its request began (STARTED), and when it first parked (SINCE)."""
+    ends it, when its request began (STARTED), when it first parked (SINCE), and when it
+    ends unless news comes first (ENDS, a monotonic time)."""
 
-    __slots__ = ("handler", "request", "watch", "started", "since", "reading")
+    __slots__ = ("handler", "request", "watch", "started", "since", "reading", "ends")
 
     def __init__(self, handler, request, watch, started):
         self.handler, self.request, self.watch, self.started = handler, request, watch, started
-        self.since, self.reading = time.monotonic(), True
+        self.since, self.reading, self.ends = time.monotonic(), True, None
 
     @property
     def line(self):
@@ -4801,6 +4818,7 @@ class Waiter:
 
 ANSWER_BATCH = 256          # parked waits answered in one write turn (one commit)
 FIRST_ANSWERS = 16          # of them in the first turn after news, so the first go out soon
+NEWS_GAP = 0.005            # seconds between two looks for news: commits meanwhile wait for one
 DESCRIPTOR_RESERVE = 64     # descriptors kept for the store and the server's own files
 
 
@@ -4838,10 +4856,16 @@ class Parker:
         self.lock = threading.Lock()
         self.arriving, self.changed, self.stopping = [], False, False
         self.waiters = {}           # connection -> Waiter
+        self.by_agent = {}          # agent -> its Waiters
+        self.watching_ready = set() # the Waiters that watch the ready sequence
+        self.again = []             # Waiters to run again at once (news they may have missed)
         self.idle = {}              # connection -> (its handler, when it is closed)
+        self.timers = []            # heap of (when, a count, Waiter or idle handler)
+        self.timed = 0              # timers set so far: orders those set for one time
         self.per_address = {}       # client address -> parked waits, loopback aside
         self.checked = 0            # news up to this message id was looked for
-        self.next_due = float("inf")
+        self.ready = None           # the ready sequence as last looked at
+        self.news_pending, self.news_after = False, 0.0     # a change to look at, and when
         self.listening = False
         self.thread = threading.Thread(target=self._run, name="agora-parker", daemon=True)
         self.thread.start()
@@ -4874,8 +4898,10 @@ class Parker:
 
     def _run(self):
         while True:
-            timeout = max(0.0, self.next_due - time.monotonic())
-            events = self.selector.select(None if timeout == float("inf") else timeout)
+            soonest = min(self.timers[0][0] if self.timers else float("inf"),
+                          self.news_after if self.news_pending else float("inf"))
+            timeout = None if soonest == float("inf") else max(0.0, soonest - time.monotonic())
+            events = self.selector.select(0 if self.again else timeout)
             with self.lock:
                 arriving, self.arriving = self.arriving, []
                 changed, self.changed = self.changed, False
@@ -4897,16 +4923,17 @@ class Parker:
                     if key.fileobj is self.bell:
                         with contextlib.suppress(OSError):
                             self.bell.recv(4096)
-                    elif isinstance(key.data, Waiter):
-                        self._look(key.data)
                     else:
-                        self._next_request(key.data)
+                        self._safely(self._look if isinstance(key.data, Waiter)
+                                     else self._next_request, key.data)
                 for kept in arriving:
-                    if isinstance(kept, Waiter):
-                        self._add(kept)
-                    else:
-                        self._keep_idle(kept)
-                news = changed or any(isinstance(kept, Waiter) for kept in arriving)
+                    self._safely(self._add if isinstance(kept, Waiter) else self._keep_idle,
+                                 kept)
+                self.news_pending = self.news_pending or changed or any(
+                    isinstance(kept, Waiter) for kept in arriving)
+                news = self.news_pending and time.monotonic() >= self.news_after
+                if news:                # many commits a moment apart: one look for them all
+                    self.news_pending, self.news_after = False, time.monotonic() + NEWS_GAP
                 due, batch = self._due(news), FIRST_ANSWERS
                 while due:              # the first few soon, then more to a commit
                     self._answer(due[:batch])
@@ -4915,21 +4942,51 @@ class Parker:
                 import traceback
                 traceback.print_exc(file=sys.stderr)
 
+    def _safely(self, step, kept):
+        """Do STEP(KEPT) for one kept connection; should it fail (a bug, said), let that
+        connection go rather than lose it or the others."""
+        try:
+            step(kept)
+        except Exception:
+            import traceback
+            traceback.print_exc(file=sys.stderr)
+            with contextlib.suppress(Exception):
+                if isinstance(kept, Waiter):
+                    self._let_go(kept)
+                else:
+                    self._close(kept)
+
     def _add(self, waiter):
         import selectors
-        connection = waiter.handler.connection
+        connection, agent = waiter.handler.connection, waiter.watch.agent
         self.waiters[connection] = waiter
+        self.by_agent.setdefault(agent, set()).add(waiter)
+        if waiter.watch.ready is not None:
+            self.watching_ready.add(waiter)
         if waiter.reading:
             self.selector.register(connection, selectors.EVENT_READ, waiter)
         if not self.listening:
             self.listening = True
-            self.checked = waiter.watch.newest
+            self.checked, self.ready = waiter.watch.newest, None
             self.store.listen(self.on_change)
+        if waiter.watch.newest < self.checked:  # a message came since it looked
+            self.again.append(waiter)
+        self._time(waiter)
         if not is_loopback(waiter.address):
             self.per_address[waiter.address] = self.per_address.get(waiter.address, 0) + 1
             if self.per_address[waiter.address] > max(1, self.capacity // 4):
                 self._end_longest(lambda other: other.address == waiter.address)
         self._make_room()
+
+    def _time(self, waiter):
+        """Set when WAITER ends unless news comes: its deadline, or a hold or lease that
+        runs out first."""
+        import heapq
+        ends, until = waiter.line.deadline, waiter.watch.until
+        if until is not None:
+            ends = min(ends, time.monotonic() + (until - time.time()))
+        waiter.ends, self.timed = ends, self.timed + 1
+        heapq.heappush(self.timers, (ends, self.timed, waiter))
 
     def _make_room(self):
         """Keep to the capacity: close the longest idle connection, else end the longest
@@ -4951,12 +5008,16 @@ class Parker:
         if waiter is None:
             return False
         waiter.line.deadline = 0.0
-        self.next_due = 0.0
+        self._time(waiter)
         return True
 
     def _remove(self, waiter):
         connection = waiter.handler.connection
         del self.waiters[connection]
+        self.by_agent[waiter.watch.agent].discard(waiter)
+        if not self.by_agent[waiter.watch.agent]:
+            del self.by_agent[waiter.watch.agent]
+        self.watching_ready.discard(waiter)
         if waiter.reading:
             self.selector.unregister(connection)
         if waiter.address in self.per_address:
@@ -5007,37 +5068,30 @@ class Parker:
 
     def _due(self, news):
         """Answer the waiters to run again now: those whose time ran out and, when NEWS may
-        have come, those it concerns; the others watch on from the newest message. Close
-        the connections that idled too long."""
-        clock, now = time.monotonic(), time.time()
-        newest = ready = None
-        heard, since = set(), self.checked
+        have come, those it concerns (the work grows with them, not with all who wait).
+        Close the connections that idled too long."""
+        import heapq
+        due, self.again = set(self.again), []
         if news and self.waiters:
             newest, ready = self.store.marks()
-            since = max(self.checked, min(w.watch.newest for w in self.waiters.values()))
-            if newest > since:
+            if newest > self.checked:
                 with self.store.autocommit() as db:
-                    heard = hearers(db, since)
-            self.checked = max(self.checked, newest)
-        due, self.next_due = [], float("inf")
-        for waiter in list(self.waiters.values()):
-            watch = waiter.watch
-            ends = waiter.line.deadline
-            if watch.until is not None:
-                ends = min(ends, clock + (watch.until - now))
-            if ends <= clock or newest is not None and (
-                    watch.newest < newest and (watch.agent in heard or watch.newest < since)
-                    or watch.ready is not None and ready != watch.ready):
-                due.append(waiter)
-                continue
-            if newest is not None and watch.newest < newest:
-                waiter.watch = watch._replace(newest=newest)
-            self.next_due = min(self.next_due, ends)
-        for handler, closes in list(self.idle.values()):
-            if closes <= clock:
-                self._close(handler)
-            else:
-                self.next_due = min(self.next_due, closes)
+                    for agent in hearers(db, self.checked):
+                        due.update(self.by_agent.get(agent, ()))
+                self.checked = newest
+            if ready != self.ready:
+                self.ready = ready
+                due.update(w for w in self.watching_ready if w.watch.ready != ready)
+        clock = time.monotonic()
+        while self.timers and self.timers[0][0] <= clock:
+            when, _, kept = heapq.heappop(self.timers)
+            if isinstance(kept, Waiter):
+                if kept.ends == when and self.waiters.get(kept.handler.connection) is kept:
+                    due.add(kept)
+            elif self.idle.get(kept.connection, (None, None))[1] == when:
+                self._close(kept)
+        due = [waiter for waiter in due if self.waiters.get(waiter.handler.connection) is waiter]
+        due.sort(key=lambda waiter: waiter.since)
         for waiter in due:
             self._remove(waiter)
         return due
@@ -5072,11 +5126,13 @@ class Parker:
         if handler.has_more():
             self.server.serve_again(handler)
             return
+        import heapq
         handler.parked = None
-        self.idle[handler.connection] = (
-            handler, time.monotonic() + self.server.idle_timeout)
+        closes = time.monotonic() + self.server.idle_timeout
+        self.idle[handler.connection] = (handler, closes)
         self.selector.register(handler.connection, selectors.EVENT_READ, handler)
-        self.next_due = min(self.next_due, time.monotonic() + self.server.idle_timeout)
+        self.timed += 1
+        heapq.heappush(self.timers, (closes, self.timed, handler))
         self._make_room()
 
     @staticmethod
@@ -5103,7 +5159,7 @@ class Server:
 
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 128    # the stdlib's 5 resets connections in a burst
+    request_queue_size = 1024   # the stdlib's 5 resets connections in a burst (a crowd's)
     idle_timeout = 30           # seconds a keep-alive connection may wait for its next request
     request_timeout = 10        # seconds a client has to send a whole request, once begun
     send_timeout = 30           # seconds an answer may take to be taken by a slow reader
@@ -5357,7 +5413,8 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
     public_url, a2a_guest, a2a_block, the timeouts and max_connections).
     """
     import hashlib          # every request's token is hashed: loaded now, while descriptors
-    import socket           # are to be had, not at the first request
+    import socket           # are to be had, not at the first request; so is what a bug's
+    import traceback        # report needs (the parker's, a face's)
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     handler = type("AgoraRequestHandler", (RequestHandler, BaseHTTPRequestHandler), {})
     server_class = type("AgoraServer", (Server, ThreadingHTTPServer), {

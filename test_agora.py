@@ -770,6 +770,7 @@ class MessageIndexTest(StoreCase):
         con = sqlite3.connect(self.db, isolation_level=None)   # as schema 8 left a file
         con.execute("DELETE FROM messages_fts")
         con.execute("DELETE FROM counters WHERE name IN ('indexed', 'deps')")
+        con.execute("DROP INDEX cursors_by_channel")
         con.execute(trigger)
         con.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
         con.execute("INSERT INTO messages (channel, sender, body, ts) "
@@ -2305,6 +2306,19 @@ class CrowdTest(ServerCase):
         self.assertTrue(until(lambda: len(self.server.parker.waiters) == 2))
         for conn in [first] + others:
             conn.close()
+
+    def test_a_parked_wait_returns_when_a_hold_runs_out(self):
+        alice, bob = self.join("alice"), self.join("bob")
+        posted = self.request("POST", "/api/post", {"to": "bob", "body": "hold me"},
+                              alice)[2]["id"]
+        held = self.request("POST", "/api/read", {"hold": 1}, bob)[2]
+        self.assertEqual([m["id"] for m in held["messages"]], [posted])
+        started = time.monotonic()
+        conn = self.wait_on(bob)
+        answer = json.loads(conn.getresponse().read())
+        conn.close()
+        self.assertEqual([m["id"] for m in answer["messages"]], [posted])  # it came back
+        self.assertLess(time.monotonic() - started, 5)
 
     def test_a_dm_wakes_only_its_reader(self):
         alice, bob, carol = (self.join(name) for name in ("alice", "bob", "carol"))

@@ -19,7 +19,11 @@ alternate agora and its floor, and the verdict is a ratio against the targets:
   sit idle;
 - a reserve of 50 patterns against 1,000 held ones, and a post made meanwhile
   against a post alone;
-- the server's peak RSS after the load.
+- the server's peak RSS after the load;
+- a crowd of 2,000 agents each holding a read wait=60 (the server started with a soft
+  open-files limit of 1,024): the server's idle CPU and peak RSS, how soon one public
+  post's answers reach them (first, p50, p99, last), and post throughput meanwhile
+  against none waiting.
 
 Also reported: claim throughput under contention, a hook's wall time with news, search
 latency at 1M messages. Standard library only; loopback only; it stops by itself.
@@ -40,7 +44,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import agora  # noqa: E402
-from harness import mint_token, rest  # noqa: E402
+from harness import Crowd, join_many, mint_token, rest, start_limited_server  # noqa: E402
 
 AGORA = os.path.join(ROOT, "agora.py")
 CLIENTS = 8
@@ -181,6 +185,7 @@ WRK_BODIES = {
     "post": """'{"body": "' .. tag .. '"}'""",
     "mcp": """'{"jsonrpc": "2.0", "id": ' .. counter .. ', "method": "tools/call", "params": '
              .. '{"name": "post", "arguments": {"body": "' .. tag .. '"}}}'""",
+    "side": """'{"channel": "side", "body": "' .. tag .. '"}'""",
     "read": """'{"limit": 20}'""",
     "hold": """'{"limit": 20, "hold": 600}'""",
     "claim": """'{}'""",
@@ -189,6 +194,7 @@ PYTHON_BODIES = {         # of a run's nonce and client, and the request's seque
     "post": lambda n, s: json.dumps({"body": f"bench message {n}-{s}"}).encode(),
     "mcp": lambda n, s: json.dumps({"jsonrpc": "2.0", "id": s, "method": "tools/call", "params": {
         "name": "post", "arguments": {"body": f"mcp message {n}-{s}"}}}).encode(),
+    "side": lambda n, s: json.dumps({"channel": "side", "body": f"side {n}-{s}"}).encode(),
     "read": lambda n, s: b'{"limit": 20}',
     "hold": lambda n, s: b'{"limit": 20, "hold": 600}',
     "claim": lambda n, s: b"{}",
@@ -322,6 +328,59 @@ def wakeup(store, db, op):
         wakeups.append((got[0][1] - float(posted.stdout)) * 1000)
     agora.call(store, "read", {"limit": 200}, agora.Caller("waiter", True))
     return statistics.median(wakeups), max(wakeups)
+
+
+CROWD = 2000
+
+
+def crowd_figures(work, rows, notes):
+    """A crowd of CROWD agents each holding a read wait=60, on a server started with a soft
+    open-files limit of 1,024: its idle CPU and memory, one public post's wake of all of
+    them, and post throughput (to a channel they do not follow) with them waiting against
+    without, in alternating rounds."""
+    db = os.path.join(work, "crowd.db")
+    server, url = start_limited_server(db, 1024)
+    STARTED.append(server)
+    port = int(url.rsplit(":", 1)[1])
+    tokens = join_many(port, [f"crowd{i}" for i in range(CROWD)])
+    poster = join_many(port, ["crowd-poster"])[0]
+    rest(url, "create_channel", {"name": "side"}, poster)
+    alone, crowded, wakes, idle = [], [], [], []
+    for round_ in range(3):
+        alone.append(load(port, "/api/post", "side", poster, work))
+        crowd = Crowd(port, tokens)
+        time.sleep(2)                   # every wait is parked
+        if not round_:
+            began, cpu = time.monotonic(), cpu_seconds(server.pid)
+            time.sleep(5)
+            idle.append((cpu_seconds(server.pid) - cpu) / (time.monotonic() - began) * 100)
+        crowded.append(load(port, "/api/post", "side", poster, work))
+        if crowd.answered():
+            raise SystemExit(f"{crowd.answered()} of the crowd were answered before any news")
+        began = time.monotonic()
+        rest(url, "post", {"body": f"to the crowd {round_}"}, poster)
+        answers = crowd.gather(10, since=began)
+        crowd.close()
+        if len(answers) != CROWD or any(len(body["messages"]) != 1 for _, _, body in answers):
+            raise SystemExit(f"the crowd's wake: {len(answers)} of {CROWD} answered")
+        wakes.append(sorted(seconds * 1000 for seconds, _, _ in answers))
+    rss = peak_rss_mb(server.pid)
+    stop(server)
+    rows.append((f"post with {CROWD:,} waiting vs none (req/s)", statistics.median(crowded),
+                 statistics.median(alone), "ratio >= 0.80", lambda r: r >= 0.80))
+    rows.append((f"server CPU, {CROWD:,} idle long-polls (% of a core)", idle[0], None,
+                 "<= 2 %", lambda value: value <= 2))
+    rows.append((f"server peak RSS, {CROWD:,} waiting (MB)", rss, None, "<= 150 MB",
+                 lambda value: value <= 150))
+    first = statistics.median(wake[0] for wake in wakes)
+    rows.append((f"one post wakes {CROWD:,}: first answer (ms)", first, None, "<= 200 ms",
+                 lambda value: value <= 200))
+    last = statistics.median(wake[-1] for wake in wakes)
+    rows.append((f"one post wakes {CROWD:,}: last answer (ms)", last, None, "<= 2000 ms",
+                 lambda value: value <= 2000))
+    notes.append("the wake of {:,}: p50 {:.0f} ms, p99 {:.0f} ms, last {:.0f} ms (medians "
+                 "of 3)".format(CROWD, statistics.median(w[len(w) // 2] for w in wakes),
+                                statistics.median(w[len(w) * 99 // 100] for w in wakes), last))
 
 
 def main():
@@ -464,6 +523,8 @@ def main():
                      lambda value: value <= 50))
         stop(server)
         stop(floor)
+
+        crowd_figures(work, rows, notes)
 
         # One-shot CLI post against its floor.
         cli_db = os.path.join(work, "cli.db")
