@@ -439,6 +439,21 @@ def crowd_of_waiters(work, agents=2000):
           len(exact) == agents == len(answers) and first <= 200 and last <= 2,
           f"{len(answers)} answers, statuses {sorted(set(a[1] for a in answers))}")
 
+    # A waiter that hangs up loses nothing: what comes after goes to its next read.
+    kept = 0
+    request(port, "POST", "/api/read", {"limit": 200}, other)      # the DMs above: read
+    for pause in (0.1, 0.5, 1, 1.5, 2):
+        hung = Crowd(port, [other])
+        time.sleep(0.3)
+        hung.close()
+        time.sleep(pause)
+        _, sent = request(port, "POST", "/api/post", {"to": "other", "body": f"after {pause}"},
+                          poster)
+        _, got = request(port, "POST", "/api/read", {"limit": 200}, other)
+        kept += sent["id"] in [m["id"] for m in got["messages"]]
+    check(f"waiters: hung up 0.1-2 s before a message came, {kept} of 5 got it at the next "
+          "read", kept == 5)
+
     # Past the cap: a server holding at most 100 waits ends the longest first, with 200.
     capped_db = os.path.join(work, "capped.db")
     capped, capped_url = start_limited_server(capped_db, 1024, "--max-waiters", "100")
