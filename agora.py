@@ -24,18 +24,22 @@ Run it::
 
 The database is ``--db PATH``, else ``$AGORA_DB``, else ``~/.agora/agora.db``.
 
-The file, top to bottom (each part builds only on what comes before it):
+The file, top to bottom (each part builds on what comes before it, but for the
+Store's group commit, which the Runtime defines beside the other ways writes run):
 
     Constants and schema   limits, name rules, the SQL schema and its migrations
     Errors                 AgoraError and its classes, each with its HTTP status
     JSON on the wire       strict parsing, compact encoding
-    Store                  the SQLite file: pooled connections, group commit, waiting
+    Store                  the SQLite file: pooled connections, transactions, changes
+    Runtime                how an operation runs: the caller and its Line, long-polls
+                           (wait_for), the group commit, perform, the writer thread
     Operation catalog      Operation and the argument rules; each domain's rules
                            (messages, tasks, news, notes, reservations); the handlers
                            (agents, channels, news, tasks, notes, reservations)
     Dispatch               validation from the schema, identity, call()
     JSON-RPC, MCP, A2A     the envelope the two share, and each protocol over call()
-    HTTP                   the faces (REST, MCP, A2A, the card, the page), framing
+    HTTP                   the faces (REST, MCP, A2A, the card, the page), framing,
+                           the parker (waiting requests without a thread), the server
     stdio, Remote          MCP on stdin/stdout; the CLI and the bridge to a server
     Command line           the launcher every written command runs, and install;
                            backup and check; waking (hooks, wait, the channel);
@@ -1037,24 +1041,22 @@ def wait_for(store, caller, wait, now, attempt):
                 line.slot = False
 
 
-def undone_if_lost(store, caller, db, table, key, columns, before):
-    """Have CALLER's Line put the row of TABLE that KEY ({column: value}) names back to
-    BEFORE (the values of COLUMNS) should this answer not be handed over -- only while
-    the row stays as DB has it now, so that whatever changed it since stands. So a
-    delivery (a cursor moved, news told) is final only once its answer is written."""
+def undone_if_lost(store, caller, table, key, before, still):
+    """Have CALLER's Line put the row of TABLE that KEY ({column: value}) names back as it
+    was (BEFORE, {column: value}) should this answer not be handed over -- only while
+    the row still holds STILL ({column: value}, what this run made of it), so that
+    whatever changed it since stands. So a delivery (a cursor moved, news told) is final
+    only once its answer is written."""
     if caller.line is None:
         return
     where = " AND ".join(f"{name} = ?" for name in key)
-    after = tuple(db.execute(f"SELECT {', '.join(columns)} FROM {table} WHERE {where}",
-                             tuple(key.values())).fetchone())
-    if after == tuple(before):
-        return
+    sql = (f"UPDATE {table} SET {', '.join(f'{name} = ?' for name in before)} WHERE {where} "
+           f"AND {' AND '.join(f'{name} IS ?' for name in still)}")
+    values = (*before.values(), *key.values(), *still.values())
 
     def undo():
         with store.transaction(write=True) as db:
-            db.execute(f"UPDATE {table} SET {', '.join(c + ' = ?' for c in columns)} "
-                       f"WHERE {where} AND {' AND '.join(c + ' IS ?' for c in columns)}",
-                       (*before, *key.values(), *after))
+            db.execute(sql, values)
     caller.line.on_lost(undo)
 
 
@@ -2370,8 +2372,8 @@ def waited_text(wait, capped):
 
 def _deliver(db, me, limit, now, hold=0):
     """Give ME up to LIMIT unread messages, oldest first, moving its cursors past them;
-    answer (the messages, the Counts of what remains when some does, the cursors moved
-    as they stood before: {channel: row}).
+    answer (the messages, the Counts of what remains when some does, and each cursor
+    moved: {channel: (its row as it stood before, its last_id now)}).
 
     Invariant, per cursor: what lies at or below acked_id (with no hold, last_id) was
     given for good, and so was each id in acked_past (acked out of turn, or given by a
@@ -2424,7 +2426,8 @@ def _deliver(db, me, limit, now, hold=0):
                        "acked_past = :past WHERE agent = :me AND channel = :channel",
                        dict(where, last=last_id, channel=channel, past=past or None))
     remaining = _unread(db, me, now) if len(batch) > limit else NO_COUNTS
-    return delivered, remaining, {channel: cursors[channel] for channel in given}
+    return delivered, remaining, {channel: (cursors[channel], ids[-1])
+                                  for channel, ids in given.items()}
 
 
 WAIT = _integer(0, MAX_WAIT, "seconds", default=0)
@@ -2446,9 +2449,12 @@ def op_read(store, caller, args, now):
                     return None, Watch(me, _newest_id(db), None, _held(db, me, at)[1])
         with store.transaction(write=True) as db:
             messages, remaining, moved = _deliver(db, me, args["limit"], at, hold)
-            for channel, before in moved.items():
-                undone_if_lost(store, caller, db, "cursors", {"agent": me, "channel": channel},
-                               CURSOR_STATE, [before[name] for name in CURSOR_STATE])
+            for channel, (before, last_id) in moved.items():
+                # a later read moves last_id on; an ack in between would come undone (the
+                # messages it acked come again), never a message lost
+                undone_if_lost(store, caller, "cursors", {"agent": me, "channel": channel},
+                               {name: before[name] for name in CURSOR_STATE},
+                               {"last_id": last_id})
             if messages:
                 return (messages, remaining, at), None
             held_until = _held(db, me, at)[1] if args["wait"] else None
@@ -2773,10 +2779,11 @@ def op_news(store, caller, args, now):
         if (counts.total or tasks) and not args["peek"]:
             with store.transaction(write=True) as db:   # again: one teller per item
                 previews, counts, tasks = _untold(db, me, args["tasks"], at)
-                before = db.execute(f"SELECT {', '.join(TOLD_STATE)} FROM agents "
-                                    "WHERE name = ?", (me,)).fetchone()
+                told = f"SELECT {', '.join(TOLD_STATE)} FROM agents WHERE name = ?"
+                before = dict(zip(TOLD_STATE, db.execute(told, (me,)).fetchone()))
                 _mark_told(db, me, at, counts.newest, ready=args["tasks"])
-                undone_if_lost(store, caller, db, "agents", {"name": me}, TOLD_STATE, before)
+                undone_if_lost(store, caller, "agents", {"name": me}, before,
+                               dict(zip(TOLD_STATE, db.execute(told, (me,)).fetchone())))
         if counts.total or tasks:
             return (previews, counts, tasks), None
         return None, Watch(me, newest, ready if args["tasks"] else None, lease_ends)
