@@ -1172,7 +1172,7 @@ class GroupCommit:
             if batch.error is None:
                 self.before_commit(batch.con)
                 batch.con.execute("COMMIT")
-        except sqlite3.Error as error:
+        except Exception as error:      # every writer of the batch hears it, none is left
             batch.error = error
         finally:
             if batch.con.in_transaction:        # a failed batch: none of it stays
@@ -1195,15 +1195,51 @@ FILE_PROBLEMS = (
 )
 
 
+def descriptors_run_out():
+    """Answer whether this process has no file descriptor left to open (EMFILE)."""
+    try:
+        os.close(os.open(os.devnull, os.O_RDONLY))
+    except OSError as error:
+        return error.errno in (24, 23)      # EMFILE, ENFILE
+    return False
+
+
 def file_problem(store, error):
-    """Answer a StoreError for a fault of the database file, or None for anything else."""
+    """Answer a StoreError for a fault of the database file, or None for anything else.
+    SQLite cannot open what it needs when the process has run out of descriptors (a
+    crowd of connections): that is told as such, and passes when descriptors come back."""
     if not isinstance(error, sqlite3.DatabaseError):
         return None
     text = str(error).lower()
+    if "unable to open" in text:
+        if descriptors_run_out():
+            return StoreError(f"too many open files: {store.path} (or a temporary file) could "
+                              f"not be opened ({error})",
+                              hint="raise the limit (ulimit -n) or close connections")
+        return StoreError(f"the database file {store.path} (or a temporary file beside it) "
+                          f"could not be opened ({error})",
+                          hint="check the folder's permissions and free space")
     for needle, what, hint in FILE_PROBLEMS:
         if needle in text:
             return StoreError(f"the database file {store.path} {what} ({error})", hint=hint)
     return None
+
+
+def report_bug(where):
+    """Write the exception being handled, and WHERE it happened, to stderr: never raising,
+    so that the threads that must live on (the writer, the parker) can report through
+    it. Its traceback module is imported when a server starts, while descriptors are to
+    be had; lacking one, the exception is said in one line."""
+    try:
+        import traceback
+        sys.stderr.write(f"agora: a bug in {where}:\n")
+        traceback.print_exc(file=sys.stderr)
+    except BaseException:
+        try:
+            error = sys.exc_info()[1]
+            sys.stderr.write(f"agora: a bug in {where}: {error!r:.200}\n")
+        except BaseException:
+            pass
 
 
 def perform(store, op, args, caller, now):
@@ -1241,8 +1277,7 @@ def bugs_refused(store, name):
         problem = file_problem(store, error)
         if problem is not None:
             raise problem from None
-        import traceback        # only ever needed to report a bug
-        traceback.print_exc(file=sys.stderr)
+        report_bug(name)
         raise InternalError(f"internal error in {name}; the server log has details") from None
 
 
@@ -1320,6 +1355,10 @@ class Writer:
             request.outcome = error
 
     def _serve(self):
+        """Run turns until closed. Invariant: nothing a turn runs, and nothing done to
+        report its failure, ends this thread (report_bug cannot raise); every request of
+        a turn is answered, with its refusal when the turn failed; and the next turn
+        begins a transaction of its own (GroupCommit ended the failed one)."""
         while True:
             with self.ready:
                 while not self.queue and not self.stopping:
@@ -1328,13 +1367,7 @@ class Writer:
                     return
             turn = self._take(GROUP_COMMIT_MAX)
             try:
-                with self.store.writes.turn():
-                    ran = 0
-                    while ran < len(turn):
-                        for request in turn[ran:]:
-                            self._perform(request)
-                        ran = len(turn)
-                        turn += self._take(GROUP_COMMIT_MAX - len(turn))
+                self._run_turn(turn)
             except AgoraError as error:         # the commit failed: none of it stands
                 for request in turn:
                     request.outcome = error
@@ -1344,13 +1377,24 @@ class Writer:
                 for request in turn:
                     request.outcome = problem
             except Exception:                   # a bug of the writer's own: said, and on
-                import traceback
-                traceback.print_exc(file=sys.stderr)
+                report_bug("the writer")
                 for request in turn:
                     request.outcome = InternalError("internal error; the server log has "
                                                     "details")
-            for request in turn:
-                request.done.release()
+            finally:
+                for request in turn:
+                    request.done.release()
+
+    def _run_turn(self, turn):
+        """Run TURN's requests, and those that queue meanwhile (added to TURN), in one
+        GroupCommit turn."""
+        with self.store.writes.turn():
+            ran = 0
+            while ran < len(turn):
+                for request in turn[ran:]:
+                    self._perform(request)
+                ran = len(turn)
+                turn += self._take(GROUP_COMMIT_MAX - len(turn))
 
     def close(self):
         """Answer what is queued, then end the thread."""
@@ -3689,8 +3733,7 @@ class RpcEndpoint:
             return RpcReply(error.http_status, rpc_error(request_id, error.code, error.message,
                                                          data), label)
         except Exception:
-            import traceback        # only ever needed to report a bug
-            traceback.print_exc(file=sys.stderr)
+            report_bug(label)
             return RpcReply(500, rpc_error(request.id if request else None, -32603,
                                            "Internal error"), label)
         return RpcReply(200, {"jsonrpc": "2.0", "id": request.id, "result": result}, label)
@@ -4662,8 +4705,7 @@ class RequestHandler:
     @staticmethod
     def bug():
         """Answer a bug's 500, its traceback on stderr."""
-        import traceback
-        traceback.print_exc(file=sys.stderr)
+        report_bug("a face")
         return HttpAnswer(500, json_bytes({"error": "internal error; the server log has details"}))
 
     def reply(self, answer, route, request, started, at_once=False):
@@ -4946,8 +4988,7 @@ class Parker:
                     self._answer(due[:batch])
                     due, batch = due[batch:], min(2 * batch, ANSWER_BATCH)
             except Exception:           # a bug of the parker's own: said, and on
-                import traceback
-                traceback.print_exc(file=sys.stderr)
+                report_bug("the parker")
 
     def _safely(self, step, kept):
         """Do STEP(KEPT) for one kept connection; should it fail (a bug, said), let that
@@ -4955,8 +4996,7 @@ class Parker:
         try:
             step(kept)
         except Exception:
-            import traceback
-            traceback.print_exc(file=sys.stderr)
+            report_bug("the parker")
             with contextlib.suppress(Exception):
                 if isinstance(kept, Waiter):
                     self._let_go(kept)
@@ -5421,7 +5461,7 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
     """
     import hashlib          # every request's token is hashed: loaded now, while descriptors
     import socket           # are to be had, not at the first request; so is what a bug's
-    import traceback        # report needs (the parker's, a face's)
+    import traceback        # report needs (report_bug)
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     handler = type("AgoraRequestHandler", (RequestHandler, BaseHTTPRequestHandler), {})
     server_class = type("AgoraServer", (Server, ThreadingHTTPServer), {

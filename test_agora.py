@@ -1844,6 +1844,62 @@ class WriterTest(ServerCase):
         self.assertIsNone(self.store.query_one("SELECT 1 FROM channels WHERE name = 'half-done'"))
         self.assertTrue(self.store.writer.thread.is_alive())
 
+    def test_the_writer_lives_through_a_failure_in_its_failure_path(self):
+        # Reporting the bug fails too (stderr cannot be written, as when descriptors ran
+        # out): the request is still answered, and the writer serves the next one.
+        token = self.join("alice")
+        original = agora.CATALOG["post"]
+
+        def broken(store, caller, args, now):
+            raise RuntimeError("a bug in a handler")
+
+        class Unwritable(io.StringIO):
+            def write(self, text):
+                raise OSError(24, "Too many open files")
+        agora.CATALOG["post"] = original._replace(handler=broken)
+        self.addCleanup(agora.CATALOG.__setitem__, "post", original)
+        with contextlib.redirect_stderr(Unwritable()):
+            status, _, body = self.request("POST", "/api/post", {"body": "bug"}, token)
+        self.assertEqual(status, 500, body)
+        agora.CATALOG["post"] = original
+        self.assertEqual(self.request("POST", "/api/post", {"body": "after"}, token)[0], 200)
+        self.assertTrue(self.store.writer.thread.is_alive())
+
+    def test_out_of_descriptors_is_refused_plainly_and_passes(self):
+        # A server whose descriptors run out (a crowd's sockets) while a long task body
+        # makes SQLite open a temporary file: refused in words, served once they come back.
+        import resource
+        server = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
+                                   "--db", os.path.join(self.dir, "fds.db"), "--quiet"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(server.communicate, timeout=10)
+        self.addCleanup(server.terminate)
+        port = int(read_line(server.stdout).split("127.0.0.1:")[1].split()[0])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        self.addCleanup(conn.close)
+
+        def call(op, args, token=None):
+            conn.request("POST", f"/api/{op}", body=json.dumps(args),
+                         headers={"Authorization": f"Bearer {token}"} if token else {})
+            response = conn.getresponse()
+            return response.status, json.loads(response.read())
+        token = call("join", {"name": "planner"})[1]["token"]
+        for i in range(40):
+            self.assertEqual(call("post_task", {"title": f"step {i}",
+                                                "body": f"word{i} " * 2000}, token)[0], 200)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.prlimit(server.pid, resource.RLIMIT_NOFILE,
+                         (len(os.listdir(f"/proc/{server.pid}/fd")), hard))
+        try:
+            status, body = call("post_task", {"title": "one more", "body": "step " * 2300},
+                                token)
+        finally:
+            resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (hard, hard))
+        self.assertEqual(status, 500, body)
+        self.assertTrue(body["error"].startswith("too many open files"), body)
+        self.assertIn("raise the limit", body["hint"])
+        self.assertEqual(call("post", {"body": "descriptors are back"}, token)[0], 200)
+
     def test_what_queues_while_a_turn_runs_joins_its_commit(self):
         token = self.join("alice")
         original, running, go = agora.CATALOG["post"], threading.Event(), threading.Event()
