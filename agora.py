@@ -573,14 +573,16 @@ class Store:
             con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT,
                                   isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
-            raise StoreError(f"cannot open {self.path}: {e}") from None
+            raise file_problem(self.path, e) or StoreError(f"cannot open {self.path}: {e}") \
+                from None
         try:
             con.row_factory = sqlite3.Row
             con.execute("PRAGMA journal_mode = WAL")
             con.execute("PRAGMA synchronous = FULL")
         except sqlite3.DatabaseError as e:
             con.close()
-            raise StoreError(f"cannot use {self.path}: {e}") from None
+            raise file_problem(self.path, e) or StoreError(f"cannot use {self.path}: {e}") \
+                from None
         return con
 
     def _migrate(self, con, fts):
@@ -1183,7 +1185,9 @@ class GroupCommit:
             self.on_commit()
 
 
-# What SQLite says when the file itself is at fault, not agora: told plainly.
+# What SQLite says when the file itself is at fault, not agora: told plainly. DAMAGE is
+# what only a damaged file makes SQLite say.
+DAMAGE = ("malformed", "not a database")
 FILE_PROBLEMS = (
     ("malformed", "is damaged", "restore a backup, or rescue it with sqlite3's .recover"),
     ("not a database", "is damaged", "restore a backup, or rescue it with sqlite3's .recover"),
@@ -1204,24 +1208,38 @@ def descriptors_run_out():
     return False
 
 
-def file_problem(store, error):
-    """Answer a StoreError for a fault of the database file, or None for anything else.
-    SQLite cannot open what it needs when the process has run out of descriptors (a
-    crowd of connections): that is told as such, and passes when descriptors come back."""
+def disk_full(path):
+    """Answer whether the disk holding PATH has no space left (as its user sees it)."""
+    try:
+        stat = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except (OSError, AttributeError):       # no statvfs here (Windows): cannot tell
+        return False
+    return stat.f_bavail * stat.f_frsize < 64 * 1024
+
+
+def file_problem(path, error):
+    """Answer a StoreError for a fault of the database file at PATH (an sqlite3 ERROR), or
+    None for anything else. What SQLite calls an I/O error or a file it cannot open is
+    told by its cause when agora can find it: no descriptor left (a crowd of
+    connections), no space left on the disk (SQLite must create its -wal and -shm);
+    both pass by themselves once the cause is gone."""
     if not isinstance(error, sqlite3.DatabaseError):
         return None
     text = str(error).lower()
+    if "unable to open" in text and descriptors_run_out():
+        return StoreError(f"too many open files: {path} (or a temporary file) could not be "
+                          f"opened ({error})",
+                          hint="raise the limit (ulimit -n) or close connections")
+    if ("disk i/o" in text or "unable to open" in text) and disk_full(path):
+        return StoreError(f"no space left on the disk holding {path} ({error})",
+                          hint="free some space: nothing is lost, and it works again then")
     if "unable to open" in text:
-        if descriptors_run_out():
-            return StoreError(f"too many open files: {store.path} (or a temporary file) could "
-                              f"not be opened ({error})",
-                              hint="raise the limit (ulimit -n) or close connections")
-        return StoreError(f"the database file {store.path} (or a temporary file beside it) "
-                          f"could not be opened ({error})",
+        return StoreError(f"the database file {path} (or a temporary file beside it) could "
+                          f"not be opened ({error})",
                           hint="check the folder's permissions and free space")
     for needle, what, hint in FILE_PROBLEMS:
         if needle in text:
-            return StoreError(f"the database file {store.path} {what} ({error})", hint=hint)
+            return StoreError(f"the database file {path} {what} ({error})", hint=hint)
     return None
 
 
@@ -1274,7 +1292,7 @@ def bugs_refused(store, name):
     except AgoraError:
         raise
     except Exception as error:
-        problem = file_problem(store, error)
+        problem = file_problem(store.path, error)
         if problem is not None:
             raise problem from None
         report_bug(name)
@@ -1372,7 +1390,7 @@ class Writer:
                 for request in turn:
                     request.outcome = error
             except sqlite3.Error as error:      # the turn could not begin (a locked file)
-                problem = file_problem(self.store, error) or StoreError(
+                problem = file_problem(self.store.path, error) or StoreError(
                     f"the write was not saved: {error}")
                 for request in turn:
                     request.outcome = problem
@@ -5512,9 +5530,15 @@ def serve(store, host, port, **options):
     signal.signal(signal.SIGINT, stop)
     try:
         # Announced only once a stop signal is handled: a script may send one at once.
-        print(f"agora {__version__} listening on http://{shown}:{server.server_address[1]} "
-              f"(db {store.path}); holds {server.parker.capacity:,} waiting requests",
-              flush=True)
+        banner = (f"agora {__version__} listening on http://{shown}:"
+                  f"{server.server_address[1]} (db {store.path}); holds "
+                  f"{server.parker.capacity:,} waiting requests")
+        try:
+            print(banner, flush=True)
+        except OSError as error:        # stdout on a full disk: it serves all the same
+            sys.stderr.write(f"{banner} (stdout could not take this line: {error.strerror})\n")
+            with contextlib.suppress(OSError, ValueError):  # nor, at exit, the rest of it
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         pass
@@ -6288,6 +6312,10 @@ def _check_command(options):
         finally:
             db.close()
     except sqlite3.DatabaseError as error:
+        if not any(word in str(error).lower() for word in DAMAGE):
+            problem = file_problem(path, error) or StoreError(f"{path}: {error}")
+            raise StoreError(f"cannot check {path}: {problem.message}",
+                             hint=problem.hint) from None
         problems = [str(error)]
     if problems != ["ok"]:
         raise StoreError(f"{path} is damaged: " + "; ".join(problems),

@@ -3450,6 +3450,24 @@ class ServeCommandTest(unittest.TestCase):
         self.dir = temp_dir(self)
         self.db = os.path.join(self.dir, "agora.db")
 
+    def test_a_start_line_stdout_cannot_take_is_no_failed_listen(self):
+        if not os.path.exists("/dev/full"):
+            self.skipTest("no /dev/full here to stand for a full disk")
+        with open("/dev/full", "w") as full:
+            server = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
+                                       "--db", self.db, "--quiet"], stdout=full,
+                                      stderr=subprocess.PIPE, text=True)
+        line = read_line(server.stderr)
+        self.assertIn("stdout could not take this line", line)
+        port = int(re.search(r"127\.0\.0\.1:(\d+)", line).group(1))
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/api")
+        self.assertEqual(conn.getresponse().status, 200)
+        conn.close()
+        server.terminate()
+        _, err = server.communicate(timeout=10)
+        self.assertEqual(server.returncode, 0, err)
+
     def test_serve_prints_its_address_and_stops_cleanly_on_sigterm(self):
         server = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
                                    "--db", self.db], stdout=subprocess.PIPE,

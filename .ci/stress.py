@@ -476,6 +476,46 @@ def crowd_of_waiters(work, agents=2000):
     check("waiters: no traceback in the server logs", "Traceback" not in log, log[-300:])
 
 
+def full_disk(work):
+    """A file at rest on a full disk (a 2 MB tmpfs): check, the CLI and serve name the
+    cause, and call nothing damaged; once space is freed, all is as it was."""
+    if os.geteuid() != 0:
+        print("SKIP full disk: mounting a small tmpfs needs root", flush=True)
+        return
+    disk = os.path.join(work, "full")
+    os.mkdir(disk)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", disk], check=True)
+    try:
+        db = os.path.join(disk, "agora.db")
+        subprocess.run([sys.executable, AGORA, "post", "body=kept", "--as", "a", "--db", db],
+                       check=True, capture_output=True)
+        filler = os.path.join(disk, "filler")
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        said = {}
+        for name, argv in (("check", ["check"]), ("read", ["read", "--as", "a"]),
+                           ("serve", ["serve", "--addr", "127.0.0.1:0"])):
+            done = subprocess.run([sys.executable, AGORA, *argv, "--db", db],
+                                  capture_output=True, text=True, timeout=30)
+            said[name] = (done.returncode, done.stderr.strip())
+        os.remove(filler)
+        fine = subprocess.run([sys.executable, AGORA, "check", "--db", db],
+                              capture_output=True, text=True, timeout=30)
+    finally:
+        subprocess.run(["umount", disk], check=True)
+    check("full disk: check, read and serve on a file at rest say 'no space left', exit 1, "
+          "and call nothing damaged",
+          all(code == 1 and "no space left on the disk" in text and "damaged" not in text
+              for code, text in said.values()), str(said))
+    check("full disk: once space is freed, check says ok",
+          fine.returncode == 0 and fine.stdout.startswith("ok:"), fine.stdout + fine.stderr)
+
+
 LAYERS, WIDTH = 60, 50      # a plan of 3,000 tasks, each waiting for the whole layer above
 
 PLANNER = """
@@ -586,7 +626,7 @@ def main():
     began = time.monotonic()
     try:
         for run in (claim_races, inbox_drains, kill_nine, fuzz_http, slow_clients, crowds,
-                    crowd_of_waiters, plan_flood, reserve_flood):
+                    crowd_of_waiters, plan_flood, reserve_flood, full_disk):
             run(work)
     finally:
         for process in STARTED:
