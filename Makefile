@@ -89,10 +89,15 @@ bench:
 	    echo "wrk could not be installed: the throughput figures use Python clients"
 	$(PYTHON) .ci/bench.py
 
-# Races across processes, kill -9 under load, fuzzing and slow clients: bounded,
-# loopback only, about a minute. CI runs it.
+# Races across processes, kill -9 under load, fuzzing and slow clients, a crowd of
+# waiting agents, and storage faults (a full tmpfs, and fdatasync failing under libfiu:
+# Debian's fiu-utils, installed when missing and possible): bounded, loopback only,
+# about two minutes. CI runs it.
 .PHONY: stress
 stress:
+	command -v fiu-run >/dev/null || { apt-get update && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends fiu-utils; } || \
+	    echo "fiu-utils could not be installed: the failed-sync check is skipped"
 	$(PYTHON) .ci/stress.py
 
 # The web page in a real headless browser: Debian's Chromium (installed when

@@ -563,6 +563,10 @@ class Store:
             self._migrate(con, fts)
             self.fts = bool(con.execute(
                 "SELECT 1 FROM sqlite_master WHERE name = 'messages_fts'").fetchone())
+        except sqlite3.Error as error:      # a disk that fails as the file is set up
+            con.close()
+            raise file_problem(path, error) or StoreError(f"cannot use {path}: {error}") \
+                from None
         except BaseException:
             con.close()
             raise
@@ -1062,11 +1066,18 @@ def undone_if_lost(store, caller, table, key, before, still):
     caller.line.on_lost(undo)
 
 
+# What a writer told "may or may not have been saved" can do (GroupCommit.turn).
+RETRY_AFTER_UNKNOWN = ("a post may be sent again at once (within 10 s an identical post is "
+                       "recognised, not stored twice); before repeating any other write, look "
+                       "whether it took (history, tasks, notes, reservations)")
+
+
 class _Batch:
     """One open write transaction and the blocks that have written into it."""
 
     def __init__(self, con):
         self.con, self.blocks, self.error = con, 0, None
+        self.unknown = False        # its COMMIT failed in the disk: it may have reached it
         self.committed = threading.Event()
 
 
@@ -1129,6 +1140,10 @@ class GroupCommit:
             self.lock.release()
         batch.committed.wait()
         if batch.error is not None:
+            if batch.unknown:
+                raise StoreError(f"the write may or may not have been saved: the disk failed "
+                                 f"as it was being made to last ({batch.error})",
+                                 hint=RETRY_AFTER_UNKNOWN) from batch.error
             raise StoreError(f"the write was not saved: {batch.error}") from batch.error
 
     def _begin(self):
@@ -1170,12 +1185,16 @@ class GroupCommit:
         if queued and batch.blocks < GROUP_COMMIT_MAX and batch.error is None:
             return
         self.batch = None
+        committing = False
         try:
             if batch.error is None:
                 self.before_commit(batch.con)
+                committing = True
                 batch.con.execute("COMMIT")
         except Exception as error:      # every writer of the batch hears it, none is left
             batch.error = error
+            # SQLite cannot say whether a commit whose sync failed reached the disk
+            batch.unknown = committing and "disk i/o" in str(error).lower()
         finally:
             if batch.con.in_transaction:        # a failed batch: none of it stays
                 with contextlib.suppress(sqlite3.Error):
