@@ -530,6 +530,13 @@ def hash_token(token):
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+def count_out(counts, key):
+    """Take one from COUNTS[KEY], forgetting KEY at zero (counts of what is under way)."""
+    counts[key] -= 1
+    if not counts[key]:
+        del counts[key]
+
+
 class Store:
     """The SQLite file: pooled connections, transactions and change signals.
 
@@ -797,9 +804,7 @@ class Store:
     def long_poll_done(self, name):
         """Give back one of agent NAME's long-polls."""
         with self._long_polls_lock:
-            self._long_polls[name] -= 1
-            if not self._long_polls[name]:
-                del self._long_polls[name]
+            count_out(self._long_polls, name)
 
     def agent_for_token(self, token):
         """Answer the agent name that holds TOKEN, or None.
@@ -970,8 +975,9 @@ class Line:
             try:
                 step()
             except (AgoraError, sqlite3.Error) as error:
-                sys.stderr.write(f"agora: an answer that was not handed over could not be "
-                                 f"taken back: {error}\n")
+                with contextlib.suppress(OSError, ValueError):  # a report must not fail
+                    sys.stderr.write(f"agora: an answer that was not handed over could not "
+                                     f"be taken back: {error}\n")
 
 
 def still_listening(caller):
@@ -1204,9 +1210,7 @@ class GroupCommit:
             self.on_commit()
 
 
-# What SQLite says when the file itself is at fault, not agora: told plainly. DAMAGE is
-# what only a damaged file makes SQLite say.
-DAMAGE = ("malformed", "not a database")
+# What SQLite says when the file itself is at fault, not agora: told plainly.
 FILE_PROBLEMS = (
     ("malformed", "is damaged", "restore a backup, or rescue it with sqlite3's .recover"),
     ("not a database", "is damaged", "restore a backup, or rescue it with sqlite3's .recover"),
@@ -1216,14 +1220,16 @@ FILE_PROBLEMS = (
     ("readonly", "cannot be written", "check its permissions"),
     ("disk i/o", "could not be read or written", "check the disk"),
 )
+DAMAGE = tuple(needle for needle, what, _ in FILE_PROBLEMS if what == "is damaged")
 
 
 def descriptors_run_out():
     """Answer whether this process has no file descriptor left to open (EMFILE)."""
+    import errno            # built in: importing it opens no file
     try:
         os.close(os.open(os.devnull, os.O_RDONLY))
     except OSError as error:
-        return error.errno in (24, 23)      # EMFILE, ENFILE
+        return error.errno in (errno.EMFILE, errno.ENFILE)
     return False
 
 
@@ -2523,11 +2529,18 @@ def op_read(store, caller, args, now):
     or for a hold of the caller's to run out (what it held then comes back)."""
     me, hold = caller.name, args["hold"]
 
+    def watch(db, at):
+        """Answer what would end the wait: a new message, or a hold of ME's running out
+        (None for a plain read, which does not wait)."""
+        if args["wait"]:
+            return Watch(me, _newest_id(db), None, _held(db, me, at)[1])
+        return None
+
     def attempt(at):
         if args["wait"]:        # a long-poll looks before it writes: most looks find nothing
             with store.transaction() as db:
                 if not _anything_unread(db, me, at):
-                    return None, Watch(me, _newest_id(db), None, _held(db, me, at)[1])
+                    return None, watch(db, at)
         with store.transaction(write=True) as db:
             messages, remaining, moved = _deliver(db, me, args["limit"], at, hold)
             for channel, (before, last_id) in moved.items():
@@ -2538,8 +2551,7 @@ def op_read(store, caller, args, now):
                                {"last_id": last_id})
             if messages:
                 return (messages, remaining, at), None
-            held_until = _held(db, me, at)[1] if args["wait"] else None
-            return None, Watch(me, _newest_id(db), None, held_until)
+            return None, watch(db, at)
 
     found, capped = wait_for(store, caller, args["wait"], now, attempt)
     messages, remaining, at = found or ([], NO_COUNTS, now)
@@ -4882,14 +4894,14 @@ IDLE = "idle"               # RequestHandler.parked of a connection the Parker k
 
 class Waiter:
     """A parked wait: its connection's HANDLER, the REQUEST to run again, the WATCH of what
-    ends it, when its request began (STARTED), when it first parked (SINCE), and when it
-    ends unless news comes first (ENDS, a monotonic time)."""
+    ends it, when its request began (STARTED: the longest waiting began first), and when
+    it ends unless news comes first (ENDS, a monotonic time)."""
 
-    __slots__ = ("handler", "request", "watch", "started", "since", "reading", "ends")
+    __slots__ = ("handler", "request", "watch", "started", "reading", "ends")
 
     def __init__(self, handler, request, watch, started):
         self.handler, self.request, self.watch, self.started = handler, request, watch, started
-        self.since, self.reading, self.ends = time.monotonic(), True, None
+        self.reading, self.ends = True, None
 
     @property
     def line(self):
@@ -4952,7 +4964,6 @@ class Parker:
         self.checked = 0            # news up to this message id was looked for
         self.ready = None           # the ready sequence as last looked at
         self.news_pending, self.news_after = False, 0.0     # a change to look at, and when
-        self.listening = False
         self.thread = threading.Thread(target=self._run, name="agora-parker", daemon=True)
         self.thread.start()
 
@@ -5049,8 +5060,7 @@ class Parker:
             self.watching_ready.add(waiter)
         if waiter.reading:
             self.selector.register(connection, selectors.EVENT_READ, waiter)
-        if not self.listening:
-            self.listening = True
+        if len(self.waiters) == 1:      # the first: changes of the file are news now
             self.checked, self.ready = waiter.watch.newest, None
             self.store.listen(self.on_change)
         if waiter.watch.newest < self.checked:  # a message came since it looked
@@ -5088,7 +5098,7 @@ class Parker:
         """End the longest parked wait AMONG chooses now, as if its time ran out; answer
         whether there was one."""
         waiter = min((w for w in self.waiters.values() if among(w) and w.line.deadline > 0),
-                     key=lambda w: w.since, default=None)
+                     key=lambda w: w.started, default=None)
         if waiter is None:
             return False
         waiter.line.deadline = 0.0
@@ -5105,11 +5115,8 @@ class Parker:
         if waiter.reading:
             self.selector.unregister(connection)
         if waiter.address in self.per_address:
-            self.per_address[waiter.address] -= 1
-            if not self.per_address[waiter.address]:
-                del self.per_address[waiter.address]
-        if not self.waiters and self.listening:
-            self.listening = False
+            count_out(self.per_address, waiter.address)
+        if not self.waiters:            # the last: changes of the file are news to nobody
             self.store.listen(self.on_change, on=False)
 
     def _let_go(self, waiter):
@@ -5175,7 +5182,7 @@ class Parker:
             elif self.idle.get(kept.connection, (None, None))[1] == when:
                 self._close(kept)
         due = [waiter for waiter in due if self.waiters.get(waiter.handler.connection) is waiter]
-        due.sort(key=lambda waiter: waiter.since)
+        due.sort(key=lambda waiter: waiter.started)
         for waiter in due:
             self._remove(waiter)
         return due
@@ -5307,9 +5314,7 @@ class Server:
                 self.open_connections.discard(connection)
                 address = self.addresses.pop(connection, None)
                 if address is not None:
-                    self.per_address[address] -= 1
-                    if not self.per_address[address]:
-                        del self.per_address[address]
+                    count_out(self.per_address, address)
                 freed = bool(self.queued)
             if seconds is None:
                 self.deadlines.pop(connection, None)
@@ -5513,6 +5518,17 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
     return server
 
 
+def write_nowhere(stream):
+    """Point STREAM's descriptor at /dev/null once writing to it failed: what stays in its
+    buffer would fail again at exit."""
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        nowhere = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(nowhere, stream.fileno())
+        finally:
+            os.close(nowhere)
+
+
 def raise_open_files_limit():
     """Raise this process's soft open-files limit to its hard limit: a shell's usual 1,024
     would cap the waiting agents a server holds (each one is a socket)."""
@@ -5556,8 +5572,7 @@ def serve(store, host, port, **options):
             print(banner, flush=True)
         except OSError as error:        # stdout on a full disk: it serves all the same
             sys.stderr.write(f"{banner} (stdout could not take this line: {error.strerror})\n")
-            with contextlib.suppress(OSError, ValueError):  # nor, at exit, the rest of it
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            write_nowhere(sys.stdout)
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         pass
@@ -5603,9 +5618,7 @@ def serve_stdio(answer, stdin, stdout, on_initialized=None):
                 write(message)
             except OSError:             # the client closed its end: nothing handed over
                 line.lost()
-                with contextlib.suppress(AttributeError, ValueError, OSError):
-                    # what stays in stdout's buffer would fail again at exit
-                    os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
+                write_nowhere(stdout)
 
     while True:
         line = stdin.readline(MAX_REQUEST_BODY + 1)
