@@ -4952,7 +4952,8 @@ class Parker:
         self.ringer.setblocking(False)
         self.selector.register(self.bell, selectors.EVENT_READ)
         self.lock = threading.Lock()
-        self.arriving, self.changed, self.stopping = [], False, False
+        self.arriving, self.stopping = [], False
+        self.changed = False        # news may have come: look when news_after has passed
         self.waiters = {}           # connection -> Waiter
         self.by_agent = {}          # agent -> its Waiters
         self.watching_ready = set() # the Waiters that watch the ready sequence
@@ -4963,7 +4964,7 @@ class Parker:
         self.per_address = {}       # client address -> parked waits, loopback aside
         self.checked = 0            # news up to this message id was looked for
         self.ready = None           # the ready sequence as last looked at
-        self.news_pending, self.news_after = False, 0.0     # a change to look at, and when
+        self.news_after = 0.0       # the soonest the next look for news may be
         self.thread = threading.Thread(target=self._run, name="agora-parker", daemon=True)
         self.thread.start()
 
@@ -4975,10 +4976,12 @@ class Parker:
         self._ring()
 
     def on_change(self):
-        """Look again for news: the file changed (Store.listen)."""
+        """Look again for news: the file changed (Store.listen). Commits while a look is
+        pending ring no more: under load, one look (and one wake) serves many."""
         with self.lock:
-            self.changed = True
-        self._ring()
+            rung, self.changed = self.changed, True
+        if not rung:
+            self._ring()
 
     def _ring(self):
         try:
@@ -4996,12 +4999,17 @@ class Parker:
     def _run(self):
         while True:
             soonest = min(self.timers[0][0] if self.timers else float("inf"),
-                          self.news_after if self.news_pending else float("inf"))
+                          self.news_after if self.changed else float("inf"))
             timeout = None if soonest == float("inf") else max(0.0, soonest - time.monotonic())
             events = self.selector.select(0 if self.again else timeout)
             with self.lock:
                 arriving, self.arriving = self.arriving, []
-                changed, self.changed = self.changed, False
+                # a new waiter is news to look for too (what came since it looked)
+                self.changed = self.changed or any(isinstance(kept, Waiter)
+                                                   for kept in arriving)
+                news = self.changed and time.monotonic() >= self.news_after
+                if news:                # commits a moment apart: one look for them all
+                    self.changed, self.news_after = False, time.monotonic() + NEWS_GAP
                 stopping = self.stopping
             try:
                 if stopping:
@@ -5026,11 +5034,6 @@ class Parker:
                 for kept in arriving:
                     self._safely(self._add if isinstance(kept, Waiter) else self._keep_idle,
                                  kept)
-                self.news_pending = self.news_pending or changed or any(
-                    isinstance(kept, Waiter) for kept in arriving)
-                news = self.news_pending and time.monotonic() >= self.news_after
-                if news:                # many commits a moment apart: one look for them all
-                    self.news_pending, self.news_after = False, time.monotonic() + NEWS_GAP
                 due, batch = self._due(news), FIRST_ANSWERS
                 while due:              # the first few soon, then more to a commit
                     self._answer(due[:batch])

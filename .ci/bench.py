@@ -44,7 +44,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import agora  # noqa: E402
-from harness import Crowd, join_many, mint_token, rest, start_limited_server  # noqa: E402
+from harness import Crowd, join_many, mint_token, rest, start_server  # noqa: E402
 
 AGORA = os.path.join(ROOT, "agora.py")
 CLIENTS = 8
@@ -339,7 +339,7 @@ def crowd_figures(work, rows, notes):
     them, and post throughput (to a channel they do not follow) with them waiting against
     without, in alternating rounds."""
     db = os.path.join(work, "crowd.db")
-    server, url = start_limited_server(db, 1024)
+    server, url = start_server(db, nofile=1024)
     STARTED.append(server)
     port = int(url.rsplit(":", 1)[1])
     tokens = join_many(port, [f"crowd{i}" for i in range(CROWD)])

@@ -20,11 +20,17 @@ def check(name, ok, detail=""):
           flush=True)
 
 
-def start_server(db, *options):
-    """Start `agora.py serve` on a free port; answer (process, base URL)."""
+def start_server(db, *options, nofile=None):
+    """Start `agora.py serve` on a free port, with a soft open-files limit of NOFILE when
+    given (as a shell's usual 1,024 would set it); answer (process, base URL)."""
+    def limit():
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     process = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
                                 "--db", db, "--quiet", *options], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=limit if nofile else None)
     line = process.stdout.readline()
     return process, line.split(" listening on ")[1].split(" ")[0]
 
@@ -60,21 +66,6 @@ def summary():
     failed = results.count(False)
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed or not results else 0
-
-
-def start_limited_server(db, nofile, *options):
-    """Start `agora.py serve` as a shell with a soft open-files limit of NOFILE would;
-    answer (process, base URL)."""
-    import resource
-
-    def limit():
-        resource.setrlimit(resource.RLIMIT_NOFILE,
-                           (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    process = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
-                                "--db", db, "--quiet", *options], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, preexec_fn=limit)
-    line = process.stdout.readline()
-    return process, line.split(" listening on ")[1].split(" ")[0]
 
 
 def join_many(port, names, threads=8):

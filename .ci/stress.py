@@ -21,8 +21,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (AGORA, ROOT, Crowd, check, join_many, mint_token, start_limited_server,  # noqa
-                     start_server, stop_server, summary)
+from harness import (AGORA, ROOT, Crowd, check, join_many, mint_token, start_server,  # noqa
+                     stop_server, summary)
 sys.path.insert(0, ROOT)
 import agora  # noqa: E402
 
@@ -406,7 +406,7 @@ def crowd_of_waiters(work, agents=2000):
     limit of 1,024: none is refused, others' posts stay quick meanwhile, one public post
     reaches every waiter once and promptly, and past the cap the longest wait ends."""
     db = os.path.join(work, "waiters.db")
-    server, url = start_limited_server(db, 1024)
+    server, url = start_server(db, nofile=1024)
     STARTED.append(server)
     port = int(url.rsplit(":", 1)[1])
     tokens = join_many(port, [f"w{i}" for i in range(agents)])
@@ -456,7 +456,7 @@ def crowd_of_waiters(work, agents=2000):
 
     # Past the cap: a server holding at most 100 waits ends the longest first, with 200.
     capped_db = os.path.join(work, "capped.db")
-    capped, capped_url = start_limited_server(capped_db, 1024, "--max-waiters", "100")
+    capped, capped_url = start_server(capped_db, "--max-waiters", "100", nofile=1024)
     STARTED.append(capped)
     port = int(capped_url.rsplit(":", 1)[1])
     tokens = join_many(port, [f"c{i}" for i in range(101)])
