@@ -426,6 +426,11 @@ class Unavailable(StoreError):
         super().__init__(message, hint, **fields)
 
 
+class OutcomeUnknown(StoreError):
+    """A write whose commit failed in the disk: it may or may not have been saved. Its
+    hint says what a retry of that operation does (the catalog's RETRY)."""
+
+
 class InternalError(AgoraError):
     """A bug in agora: the traceback went to the log, the caller gets a sentence."""
     status = 500
@@ -537,6 +542,37 @@ def count_out(counts, key):
         del counts[key]
 
 
+SHM_RESERVE = 4 * 32768     # the -shm's first four regions: a WAL of up to 16,000 pages
+
+
+def allocate_shm(path):
+    """Allocate the -shm beside the file at PATH (SHM_RESERVE at least) where the disk's
+    blocks are smaller than a memory page; answer its descriptor, or None elsewhere.
+
+    SQLite grows the -shm by writing one byte per page and maps it: where a block is
+    smaller than a page (ext4 made with 1 KiB blocks), the rest of each page stays a
+    hole, and the first write into a hole on a full disk kills the process with SIGBUS,
+    no word said. Allocated, the -shm has no hole. The descriptor stays open until the
+    store's connections are closed: closing any descriptor of a file drops this
+    process's locks on it, SQLite's among them. A disk without room is refused here,
+    where it can be said (OSError)."""
+    shm = path + "-shm"
+    try:
+        if os.statvfs(shm).f_frsize >= os.sysconf("SC_PAGE_SIZE"):
+            return None
+        fd = os.open(shm, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, AttributeError, ValueError):   # no -shm, no statvfs: nothing to do
+        return None
+    try:
+        os.posix_fallocate(fd, 0, max(os.fstat(fd).st_size, SHM_RESERVE))
+    except OSError as error:
+        import errno            # built in: importing it opens no file
+        if error.errno == errno.ENOSPC:
+            os.close(fd)
+            raise
+    return fd
+
+
 class Store:
     """The SQLite file: pooled connections, transactions and change signals.
 
@@ -557,13 +593,14 @@ class Store:
         # Writers of this process queue here: SQLite's busy handler would make
         # them sleep for milliseconds whenever another thread holds the lock.
         self.writes = GroupCommit(self._acquire, self._release, self._signal,
-                                  self._before_commit)
+                                  self._before_commit, lambda error: file_problem(path, error))
         self._seen_due, self._seen_lock = {}, threading.Lock()
         self._seen_written = {}
         self._tokens, self._tokens_mark, self._tokens_looked = {}, None, float("-inf")
         self.token_marker = os.path.realpath(path) + "-tokens"
         self.writer = None          # a server's Writer: its writes run on that one thread
         self._closed = False
+        self._shm = None            # allocate_shm's descriptor, where it keeps one
         private_file(path)
         con = self._connect()
         try:
@@ -577,6 +614,11 @@ class Store:
         except BaseException:
             con.close()
             raise
+        try:
+            self._shm = allocate_shm(path)
+        except OSError as error:
+            con.close()
+            raise no_space(path, error.strerror) from None
         self._release(con)
 
     def _connect(self):
@@ -914,6 +956,9 @@ class Store:
             idle, self._pool = self._pool, []
         for con in idle:
             con.close()
+        if self._shm is not None:
+            os.close(self._shm)
+            self._shm = None
 
 
 ###############################################################################
@@ -1072,10 +1117,10 @@ def undone_if_lost(store, caller, table, key, before, still):
     caller.line.on_lost(undo)
 
 
-# What a writer told "may or may not have been saved" can do (GroupCommit.turn).
-RETRY_AFTER_UNKNOWN = ("a post may be sent again at once (within 10 s an identical post is "
-                       "recognised, not stored twice); before repeating any other write, look "
-                       "whether it took (history, tasks, notes, reservations)")
+# What a retry does after "may or may not have been saved" (OutcomeUnknown): each write's
+# own words are its catalog entry's RETRY; these serve the rest.
+RETRY_AFTER_UNKNOWN = "look whether it took before doing it again"
+RETRY_SAFE = "doing it again is safe: twice ends as once"
 
 
 class _Batch:
@@ -1102,7 +1147,8 @@ class GroupCommit:
     the same thread is a savepoint of the same transaction.
     """
 
-    def __init__(self, acquire, release, on_commit, before_commit):
+    def __init__(self, acquire, release, on_commit, before_commit, describe):
+        self.describe = describe        # an sqlite3 error -> its StoreError, or None
         self.acquire, self.release = acquire, release
         self.on_commit, self.before_commit = on_commit, before_commit
         self.lock = threading.Lock()
@@ -1147,10 +1193,12 @@ class GroupCommit:
         batch.committed.wait()
         if batch.error is not None:
             if batch.unknown:
-                raise StoreError(f"the write may or may not have been saved: the disk failed "
-                                 f"as it was being made to last ({batch.error})",
-                                 hint=RETRY_AFTER_UNKNOWN) from batch.error
-            raise StoreError(f"the write was not saved: {batch.error}") from batch.error
+                raise OutcomeUnknown(f"the write may or may not have been saved: the disk "
+                                     f"failed as it was being made to last ({batch.error})",
+                                     hint=RETRY_AFTER_UNKNOWN) from batch.error
+            cause = self.describe(batch.error)
+            raise StoreError(f"the write was not saved: {cause.message if cause else batch.error}",
+                             hint=cause.hint if cause else None) from batch.error
 
     def _begin(self):
         con = self.acquire()
@@ -1176,12 +1224,17 @@ class GroupCommit:
         try:
             yield batch.con
             batch.con.execute("RELEASE block")
-        except BaseException:
+        except BaseException as failure:
             try:
                 batch.con.execute("ROLLBACK TO block")
                 batch.con.execute("RELEASE block")
-            except sqlite3.Error as error:
-                batch.error = error         # SQLite undid the whole transaction itself
+            except sqlite3.Error:       # SQLite undid the whole transaction itself: its
+                if batch.error is None:     # cause is told, never the savepoint it took
+                    took = not isinstance(failure, sqlite3.Error) or "savepoint" in str(failure)
+                    batch.error = sqlite3.OperationalError(
+                        "SQLite rolled the transaction back") if took else failure
+                if failure is not batch.error and isinstance(failure, sqlite3.Error):
+                    raise StoreError(f"the write was not saved: {batch.error}") from failure
             raise
 
     def _end_turn(self, batch):
@@ -1211,16 +1264,21 @@ class GroupCommit:
 
 
 # What SQLite says when the file itself is at fault, not agora: told plainly.
+ON_SUSPECTED_DAMAGE = ("try again: a read the disk failed once passes; if it goes on, "
+                       "`agora check` says whether the file is damaged")
+# A read that fails in the disk can look like damage to SQLite: only `check`, which reads
+# the file again, calls it damaged.
 FILE_PROBLEMS = (
-    ("malformed", "is damaged", "restore a backup, or rescue it with sqlite3's .recover"),
-    ("not a database", "is damaged", "restore a backup, or rescue it with sqlite3's .recover"),
+    ("malformed", "could not be read", ON_SUSPECTED_DAMAGE),
+    ("not a database", "could not be read", ON_SUSPECTED_DAMAGE),
+    ("vtable constructor failed", "could not be read", ON_SUSPECTED_DAMAGE),
     ("locked", "stayed locked by another process", "try again"),
     ("busy", "stayed locked by another process", "try again"),
     ("disk is full", "cannot grow: the disk is full", "free some space"),
     ("readonly", "cannot be written", "check its permissions"),
     ("disk i/o", "could not be read or written", "check the disk"),
 )
-DAMAGE = tuple(needle for needle, what, _ in FILE_PROBLEMS if what == "is damaged")
+DAMAGE = ("malformed", "not a database")       # what check confirms by reading again
 
 
 def descriptors_run_out():
@@ -1242,6 +1300,12 @@ def disk_full(path):
     return stat.f_bavail * stat.f_frsize < 64 * 1024
 
 
+def no_space(path, error):
+    """Answer the StoreError for a disk with no space left, which holds PATH."""
+    return StoreError(f"no space left on the disk holding {path} ({error})",
+                      hint="free some space: nothing is lost, and it works again then")
+
+
 def file_problem(path, error):
     """Answer a StoreError for a fault of the database file at PATH (an sqlite3 ERROR), or
     None for anything else. What SQLite calls an I/O error or a file it cannot open is
@@ -1256,15 +1320,16 @@ def file_problem(path, error):
                           f"opened ({error})",
                           hint="raise the limit (ulimit -n) or close connections")
     if ("disk i/o" in text or "unable to open" in text) and disk_full(path):
-        return StoreError(f"no space left on the disk holding {path} ({error})",
-                          hint="free some space: nothing is lost, and it works again then")
+        return no_space(path, error)
     if "unable to open" in text:
         return StoreError(f"the database file {path} (or a temporary file beside it) could "
                           f"not be opened ({error})",
-                          hint="check the folder's permissions and free space")
+                          hint="check the folder's permissions, its free space and the "
+                               "open-files limit (ulimit -n)")
     for needle, what, hint in FILE_PROBLEMS:
-        if needle in text:
-            return StoreError(f"the database file {path} {what} ({error})", hint=hint)
+        if needle in text:      # SQLite's words for damage are not said till check agrees
+            said = "" if hint == ON_SUSPECTED_DAMAGE else f" ({error})"
+            return StoreError(f"the database file {path} {what}{said}", hint=hint)
     return None
 
 
@@ -1470,7 +1535,7 @@ class Result:
 
 
 class Operation(namedtuple("Operation",
-                           "name summary schema readonly open hidden runs waits handler")):
+                           "name summary schema readonly open hidden runs waits retry handler")):
     """One catalog entry: every face (REST, MCP, CLI, A2A) is derived from these.
 
     A HIDDEN operation is one a face is built on rather than one it offers: call()
@@ -1505,9 +1570,10 @@ CATALOG = {}
 
 
 def operation(name, summary, properties=None, required=(), readonly=False, open=False,
-              hidden=False, runs=None, waits=None):
+              hidden=False, runs=None, waits=None, retry=RETRY_AFTER_UNKNOWN):
     """Register the decorated handler as operation NAME in the catalog (RUNS: AS_READ
-    when READONLY, else ON_WRITER unless given)."""
+    when READONLY, else ON_WRITER unless given; RETRY: what doing a write again does
+    when its outcome is unknown)."""
     schema = {"type": "object", "properties": properties or {},
               "additionalProperties": False}
     if required:
@@ -1515,7 +1581,8 @@ def operation(name, summary, properties=None, required=(), readonly=False, open=
 
     def register(handler):
         CATALOG[name] = Operation(name, summary, schema, readonly, open, hidden,
-                                  runs or (AS_READ if readonly else ON_WRITER), waits, handler)
+                                  runs or (AS_READ if readonly else ON_WRITER), waits,
+                                  retry, handler)
         return handler
     return register
 
@@ -2118,7 +2185,8 @@ def may_rotate(caller, name):
            "yourself rotates it.",
            {"name": NAME, "about": _string(0, 500, "what you do"),
             "key": _string(0, 200, "the server's join key")},
-           required=["name"], open=True, runs=OWN_TURN)
+           required=["name"], open=True, runs=OWN_TURN,
+           retry="joining again answers 409 if the first took: the operator can rotate its token")
 def op_join(store, caller, args, now):
     """Register NAME, or rotate its token when the caller may (may_rotate)."""
     import hmac
@@ -2185,7 +2253,8 @@ def acks_lines(acks, now):
 
 @operation("brief", "Start here, and whenever you wake: unread counts, what you hold, "
            "ready tasks, notes changed since your last brief.",
-           {"status": _string(0, 200, "what you are doing")})
+           {"status": _string(0, 200, "what you are doing")},
+           retry=RETRY_SAFE)
 def op_brief(store, caller, args, now):
     """Set the caller's status if given, and summarise what waits for it."""
     me = caller.name
@@ -2248,7 +2317,8 @@ def op_brief(store, caller, args, now):
 
 
 @operation("profile", "Change what you say about yourself.",
-           {"about": _string(0, 500)}, required=["about"])
+           {"about": _string(0, 500)}, required=["about"],
+           retry=RETRY_SAFE)
 def op_profile(store, caller, args, now):
     """Replace the caller's about text."""
     with store.transaction(write=True) as db:
@@ -2333,7 +2403,8 @@ def op_channels(store, caller, args, now):
 
 
 @operation("create_channel", "Create a channel; you follow it.",
-           {"name": NAME, "about": _string(0, 500)}, required=["name"])
+           {"name": NAME, "about": _string(0, 500)}, required=["name"],
+           retry="creating it again answers 409 if the first took")
 def op_create_channel(store, caller, args, now):
     """Create channel NAME and make the caller follow it."""
     name = args["name"]
@@ -2352,7 +2423,8 @@ def _require_channel(db, name):
 
 
 @operation("follow", "Start reading a channel: from now, or from where you stopped "
-           "before.", {"channel": NAME}, required=["channel"])
+           "before.", {"channel": NAME}, required=["channel"],
+           retry=RETRY_SAFE)
 def op_follow(store, caller, args, now):
     """Make the caller follow a channel."""
     channel = args["channel"]
@@ -2366,7 +2438,8 @@ def op_follow(store, caller, args, now):
 
 
 @operation("unfollow", "Stop reading a channel (your place in it is kept).",
-           {"channel": NAME}, required=["channel"])
+           {"channel": NAME}, required=["channel"],
+           retry=RETRY_SAFE)
 def op_unfollow(store, caller, args, now):
     """Make the caller stop following a channel, keeping its cursor."""
     channel = args["channel"]
@@ -2399,7 +2472,9 @@ SAME_POST = ("sender = :sender AND digest = :digest AND ts >= :since AND channel
             "to": _string(description="an agent: direct mail", pattern=SLUG),
             "reply_to": dict(ID, description="the message answered"),
             "ack": dict(FLAG, description="direct mail: ask the recipient to acknowledge")},
-           required=["body"])
+           required=["body"],
+           retry="post it again at once: within 10 s an identical post is recognised (dup), "
+                 "not stored twice")
 def op_post(store, caller, args, now):
     """Store one message, or answer the identical one posted moments ago."""
     me, channel, to = caller.name, args["channel"], args["to"]
@@ -2523,7 +2598,8 @@ HOLD = _integer(0, 86400, "seconds until unacked messages come back", default=0)
 
 @operation("read", "Deliver your new messages (mailbox, followed channels) once each, "
            "oldest first; wait blocks for some; hold: they come back until you ack.",
-           {"limit": LIMIT, "wait": WAIT, "hold": HOLD}, waits="wait")
+           {"limit": LIMIT, "wait": WAIT, "hold": HOLD}, waits="wait",
+           retry="read again; what the first may have delivered, history still shows")
 def op_read(store, caller, args, now):
     """Deliver unread messages, waiting up to WAIT seconds for the first one: for a post,
     or for a hold of the caller's to run out (what it held then comes back)."""
@@ -2577,7 +2653,8 @@ def op_read(store, caller, args, now):
 @operation("ack", "Acknowledge what you were given (up to an id, these ids, or all): held "
            "ones stop coming back; senders who asked hear.",
            {"upto": ID, "ids": {"type": "array", "items": ID, "maxItems": MAX_LIMIT,
-                                "description": "list or comma string"}})
+                                "description": "list or comma string"}},
+           retry=RETRY_SAFE)
 def op_ack(store, caller, args, now):
     """Make held messages final and answer the acknowledgements their senders asked for.
 
@@ -2856,7 +2933,8 @@ def op_search(store, caller, args, now):
 
 @operation("news", "Unread messages not told to you yet (read still takes them), with "
            "tasks=true tasks now ready. Marks them told unless peek.",
-           {"wait": WAIT, "tasks": FLAG, "peek": FLAG}, waits="wait")
+           {"wait": WAIT, "tasks": FLAG, "peek": FLAG}, waits="wait",
+           retry="ask again; what the first may have marked told, read still takes")
 def op_news(store, caller, args, now):
     """Report untold unread messages (and ready tasks), waiting up to WAIT seconds."""
     me = caller.name
@@ -2962,7 +3040,8 @@ PRIORITY = _integer(-1000, 1000, "higher is taken first", default=0)
            "waits for those tasks to be done.",
            {"title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS, "priority": PRIORITY,
             "after": AFTER},
-           required=["title"])
+           required=["title"],
+           retry="look at tasks which=posted first: posting it again makes a second task")
 def op_post_task(store, caller, args, now):
     """Add an open task to the board, waiting for the tasks in AFTER if given."""
     tags, after = sorted(set(args["tags"] or [])), sorted(set(args["after"] or []))
@@ -2985,7 +3064,8 @@ def op_post_task(store, caller, args, now):
 @operation("update_task", "Change an open task you posted; after replaces its list.",
            {"id": ID, "title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS,
             "priority": _integer(-1000, 1000), "after": AFTER},
-           required=["id"], runs=OWN_TURN)
+           required=["id"], runs=OWN_TURN,
+           retry=RETRY_SAFE)
 def op_update_task(store, caller, args, now):
     """Change the given fields of an open task the caller posted.
 
@@ -3077,7 +3157,8 @@ def _quote(task):
 
 @operation("claim", "Take a task under a lease: the given id, or the best ready one "
            "(with a tag if given). Exactly one claimer wins.",
-           {"id": ID, "tag": NAME, "lease": LEASE})
+           {"id": ID, "tag": NAME, "lease": LEASE},
+           retry="claim it again by id: if the first took, the answer says you hold it")
 def op_claim(store, caller, args, now):
     """Claim one task atomically."""
     me = caller.name
@@ -3171,7 +3252,8 @@ def _held_task(db, task_id, me, now):
 
 
 @operation("extend", "Renew your lease on a task you hold (also after it ran out, if "
-           "nobody took it).", {"id": ID, "lease": LEASE}, required=["id"])
+           "nobody took it).", {"id": ID, "lease": LEASE}, required=["id"],
+           retry=RETRY_SAFE)
 def op_extend(store, caller, args, now):
     """Move the caller's lease on a task forward."""
     with store.transaction(write=True) as db:
@@ -3185,7 +3267,8 @@ def op_extend(store, caller, args, now):
 @operation("done", "Finish a task you hold, with its result; failed=true marks it failed.",
            {"id": ID, "result": LONG_TEXT,
             "failed": FLAG},
-           required=["id"])
+           required=["id"],
+           retry="finish it again: if the first took, the answer says it is done")
 def op_done(store, caller, args, now):
     """Mark a held task done or failed and tell its poster."""
     me = caller.name
@@ -3204,7 +3287,8 @@ def op_done(store, caller, args, now):
 
 
 @operation("release", "Give a task you hold back to the board, open again.",
-           {"id": ID, "note": _string(0, 500, "why, for the poster")}, required=["id"])
+           {"id": ID, "note": _string(0, 500, "why, for the poster")}, required=["id"],
+           retry="release it again: if the first took, the answer says you do not hold it")
 def op_release(store, caller, args, now):
     """Return a held task to the open board and tell its poster."""
     me = caller.name
@@ -3221,7 +3305,8 @@ def op_release(store, caller, args, now):
 
 
 @operation("cancel", "Withdraw a task you posted that is not finished.",
-           {"id": ID}, required=["id"])
+           {"id": ID}, required=["id"],
+           retry="cancel it again: if the first took, the answer says it is cancelled")
 def op_cancel(store, caller, args, now):
     """Cancel the caller's own unfinished task and tell its holder."""
     me = caller.name
@@ -3291,7 +3376,8 @@ def op_own_tasks(store, caller, args, now):
 
 
 @operation("follow_up", "Add to a task you posted: its holder, if one holds it, hears it.",
-           {"id": ID, "body": MESSAGE_BODY}, required=["id", "body"], hidden=True)
+           {"id": ID, "body": MESSAGE_BODY}, required=["id", "body"], hidden=True,
+           retry="look at the task first: adding it again says it twice")
 def op_follow_up(store, caller, args, now):
     """Send the holder of a task the caller posted a message about it (an open task has
     nobody to hear: the words stay with the face's record); a finished task takes none."""
@@ -3332,7 +3418,9 @@ def _add_revision(db, project, key, version, body, author, now, deleted=False):
            "it is at that version (0 = new).",
            {"key": NOTE_KEY_NAME, "body": LONG_TEXT, "project": PROJECT_NAME,
             "version": _integer(0, 2 ** 31, "expected current version")},
-           required=["key", "body"])
+           required=["key", "body"],
+           retry="write it again with version = the version you last read: if the first "
+                 "took, that answers 409")
 def op_write_note(store, caller, args, now):
     """Write a new revision of a note, compare-and-set when a version is given."""
     project, key = args["project"], args["key"]
@@ -3393,7 +3481,8 @@ def op_notes(store, caller, args, now):
 
 
 @operation("delete_note", "Remove a note from the listing; its old revisions stay readable.",
-           {"key": NOTE_KEY_NAME, "project": PROJECT_NAME}, required=["key"])
+           {"key": NOTE_KEY_NAME, "project": PROJECT_NAME}, required=["key"],
+           retry="delete it again: if the first took, the answer says there is no such note")
 def op_delete_note(store, caller, args, now):
     """Write a tombstone revision of a note."""
     project, key = args["project"], args["key"]
@@ -3420,7 +3509,8 @@ PATTERNS = {"type": "array", "items": _string(1, 300), "maxItems": MAX_PATTERNS,
             "lease": _integer(1, 86400, "seconds", default=3600),
             "exclusive": {"type": "boolean", "default": True},
             "reason": _string(0, 200, "why, for the others")},
-           required=["paths"], runs=OWN_TURN)
+           required=["paths"], runs=OWN_TURN,
+           retry=RETRY_SAFE)
 def op_reserve(store, caller, args, now):
     """Grant every pattern, or none when another agent's live reservation overlaps one.
 
@@ -3514,7 +3604,8 @@ def op_reservations(store, caller, args, now):
 
 
 @operation("unreserve", "Give back your reservations of those paths, or all of yours in "
-           "the project.", {"paths": PATTERNS, "project": PROJECT_NAME})
+           "the project.", {"paths": PATTERNS, "project": PROJECT_NAME},
+           retry=RETRY_SAFE)
 def op_unreserve(store, caller, args, now):
     """Delete the caller's reservations of PATHS (or all of them) in a project."""
     where, params = "project = ? AND agent = ?", [args["project"], caller.name]
@@ -3683,9 +3774,12 @@ def call(store, name, args=None, caller=OPERATOR, now=None):
         check_identity(store, op, caller, now)
         args = validate(op, {} if args is None else args)
         writer = store.writer                   # read once: shutdown may clear it
-        if writer is not None and writer.takes(op, args):
-            return writer.run(op, args, caller, now)
-        return perform(store, op, args, caller, now)
+        try:
+            if writer is not None and writer.takes(op, args):
+                return writer.run(op, args, caller, now)
+            return perform(store, op, args, caller, now)
+        except OutcomeUnknown as unknown:       # one error may serve a turn of many writes
+            raise OutcomeUnknown(unknown.message, hint=op.retry) from None
 
 
 ###############################################################################
@@ -6337,21 +6431,23 @@ def _check_command(options):
     with SQLite's own words when it is damaged."""
     from urllib.parse import quote
     path = _existing_file(options)
-    try:
-        db = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=rw", uri=True,
-                             timeout=BUSY_TIMEOUT)
+    for attempt in (1, 2):      # a read the disk failed once is not damage: read it again
         try:
-            problems = [row[0] for row in db.execute("PRAGMA integrity_check(20)")]
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            summary = file_summary(db) if problems == ["ok"] else ""
-        finally:
-            db.close()
-    except sqlite3.DatabaseError as error:
-        if not any(word in str(error).lower() for word in DAMAGE):
-            problem = file_problem(path, error) or StoreError(f"{path}: {error}")
-            raise StoreError(f"cannot check {path}: {problem.message}",
-                             hint=problem.hint) from None
-        problems = [str(error)]
+            db = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=rw", uri=True,
+                                 timeout=BUSY_TIMEOUT)
+            try:
+                problems = [row[0] for row in db.execute("PRAGMA integrity_check(20)")]
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                summary = file_summary(db) if problems == ["ok"] else ""
+            finally:
+                db.close()
+            break
+        except sqlite3.DatabaseError as error:
+            if not any(word in str(error).lower() for word in DAMAGE):
+                problem = file_problem(path, error) or StoreError(f"{path}: {error}")
+                raise StoreError(f"cannot check {path}: {problem.message}",
+                                 hint=problem.hint) from None
+            problems = [str(error)]
     if problems != ["ok"]:
         raise StoreError(f"{path} is damaged: " + "; ".join(problems),
                          hint="restore a backup, or rescue it with sqlite3's .recover")

@@ -1252,6 +1252,8 @@ class GroupCommitTest(StoreCase):
                 outcomes.append((i, "ok"))
             except Exception as error:
                 outcomes.append((i, type(error).__name__))
+                self.said[i] = str(error)
+        self.said = {}
         before = CountingStore.write_transactions
         threads = [threading.Thread(target=writer, args=(i,), daemon=True)
                    for i in range(self.writers)]
@@ -1289,6 +1291,10 @@ class GroupCommitTest(StoreCase):
         outcomes, _ = self.write_many(fail)
         self.assertEqual(outcomes[5], "OperationalError")
         self.assertTrue(set(outcomes.values()) <= {"ok", "StoreError", "OperationalError"})
+        shared = [self.said[i] for i, o in outcomes.items() if o == "StoreError"]
+        self.assertTrue(shared, "no other block shared the aborted transaction")
+        for said in shared:                 # the cause is told, not the savepoint it took
+            self.assertEqual(said, "the write was not saved: aborted")
         after = threading.Thread(target=self.ok, args=("create_channel",),
                                  kwargs={"name": "still-writable"}, daemon=True)
         after.start()
@@ -1309,7 +1315,7 @@ class GroupCommitTest(StoreCase):
                         outcomes.append((name, "ok"))
                     except (agora.AgoraError, sqlite3.Error) as error:
                         outcomes.append((name, type(error).__name__))
-        self.assertEqual(outcomes, [("before", "ok"), ("undone", "OperationalError"),
+        self.assertEqual(outcomes, [("before", "ok"), ("undone", "StoreError"),
                                     ("after", "StoreError")])
         self.assertIsNone(self.store.query_one("SELECT 1 FROM channels WHERE name IN "
                                                "('before', 'undone', 'after')"))
@@ -1349,6 +1355,50 @@ class GroupCommitTest(StoreCase):
         self.assertEqual(CountingStore.write_transactions - before, 1)
         names = {channel["name"] for channel in self.ok("channels")["channels"]}
         self.assertEqual(names & {"o", "i"}, {"o"})
+
+
+    def test_a_commit_the_disk_failed_is_told_unknown(self):
+        # COMMIT's sync failed: SQLite cannot say whether the write reached the disk.
+        con = self.store._connect()
+        self.addCleanup(con.close)
+
+        class SyncFails:
+            def __getattr__(self, name):
+                return getattr(con, name)
+
+            def execute(self, sql, *args):
+                if sql == "COMMIT":
+                    raise sqlite3.OperationalError("disk I/O error")
+                return con.execute(sql, *args)
+        writes = agora.GroupCommit(SyncFails, lambda c: None, lambda: None, lambda db: None,
+                                   lambda error: None)
+        with self.assertRaises(agora.OutcomeUnknown) as caught:
+            with writes.block() as db:
+                db.execute("INSERT INTO channels (name, created_by, created) "
+                           "VALUES ('u', 'x', 0)")
+        self.assertIn("may or may not have been saved", caught.exception.message)
+        self.assertNotIn("not saved", caught.exception.message.replace("may not have", ""))
+
+
+    def test_each_write_told_unknown_says_what_its_retry_does(self):
+        writes = [op for op in agora.CATALOG.values() if not op.readonly]
+        self.assertTrue(all(op.retry and op.retry != agora.RETRY_AFTER_UNKNOWN
+                            for op in writes), [op.name for op in writes])
+        for name, args, words in (("post", {"body": "b"}, "identical post is recognised"),
+                                  ("claim", {"id": 1}, "says you hold it"),
+                                  ("write_note", {"key": "k", "body": "b"}, "version")):
+            original = agora.CATALOG[name]
+
+            def unknown(store, caller, args, now):
+                raise agora.OutcomeUnknown("the write may or may not have been saved: ...",
+                                           hint=agora.RETRY_AFTER_UNKNOWN)
+            agora.CATALOG[name] = original._replace(handler=unknown)
+            try:
+                refused = outcome(self.store, name, args, agora.Caller("a", True))
+            finally:
+                agora.CATALOG[name] = original
+            self.assertEqual(refused.status, 500)
+            self.assertIn(words, refused.body["hint"])
 
 
 class StoreFileTest(unittest.TestCase):
@@ -1426,8 +1476,9 @@ class StoreFileTest(unittest.TestCase):
         with contextlib.redirect_stderr(stderr):
             result = outcome(store, "search", {"q": "message"}, agora.Caller("a", True))
         self.assertEqual(result.status, 500)
-        self.assertIn("is damaged", result.body["error"])
-        self.assertIn(".recover", result.body["hint"])
+        self.assertTrue(result.body["error"].endswith("could not be read"),
+                        result.body["error"])
+        self.assertIn("agora check", result.body["hint"])
         self.assertEqual(stderr.getvalue(), "")
 
     def test_foreign_sqlite_file(self):

@@ -476,82 +476,6 @@ def crowd_of_waiters(work, agents=2000):
     check("waiters: no traceback in the server logs", "Traceback" not in log, log[-300:])
 
 
-def full_disk(work):
-    """A file at rest on a full disk (a 2 MB tmpfs): check, the CLI and serve name the
-    cause, and call nothing damaged; once space is freed, all is as it was."""
-    if os.geteuid() != 0:
-        print("SKIP full disk: mounting a small tmpfs needs root", flush=True)
-        return
-    disk = os.path.join(work, "full")
-    os.mkdir(disk)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", disk], check=True)
-    try:
-        db = os.path.join(disk, "agora.db")
-        subprocess.run([sys.executable, AGORA, "post", "body=kept", "--as", "a", "--db", db],
-                       check=True, capture_output=True)
-        filler = os.path.join(disk, "filler")
-        with open(filler, "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
-            except OSError:
-                pass
-        said = {}
-        for name, argv in (("check", ["check"]), ("read", ["read", "--as", "a"]),
-                           ("serve", ["serve", "--addr", "127.0.0.1:0"])):
-            done = subprocess.run([sys.executable, AGORA, *argv, "--db", db],
-                                  capture_output=True, text=True, timeout=30)
-            said[name] = (done.returncode, done.stderr.strip())
-        os.remove(filler)
-        fine = subprocess.run([sys.executable, AGORA, "check", "--db", db],
-                              capture_output=True, text=True, timeout=30)
-    finally:
-        subprocess.run(["umount", disk], check=True)
-    check("full disk: check, read and serve on a file at rest say 'no space left', exit 1, "
-          "and call nothing damaged",
-          all(code == 1 and "no space left on the disk" in text and "damaged" not in text
-              for code, text in said.values()), str(said))
-    check("full disk: once space is freed, check says ok",
-          fine.returncode == 0 and fine.stdout.startswith("ok:"), fine.stdout + fine.stderr)
-
-
-def failed_syncs(work):
-    """fdatasync fails in a running server, three times in ten (libfiu): every post answered
-    200 is there after kill -9 and a restart, and none that failed in the sync is told
-    'not saved' (SQLite cannot say whether it reached the disk)."""
-    if not shutil.which("fiu-run"):
-        print("SKIP failed syncs: no fiu-run here (Debian's fiu-utils)", flush=True)
-        return
-    db = os.path.join(work, "syncs.db")
-    agora.Store(db).close()
-    token = mint_token(db, "writer")
-    process = subprocess.Popen(
-        ["fiu-run", "-x", "-c", "enable_random name=posix/io/sync/fdatasync,probability=0.3",
-         sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0", "--db", db, "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    STARTED.append(process)
-    port = int(process.stdout.readline().split("127.0.0.1:")[1].split()[0])
-    answers = [request(port, "POST", "/api/post", {"body": f"sync {i}"}, token)
-               for i in range(40)]
-    process.kill()
-    log = process.communicate()[1]
-    saved = [body["id"] for status, body in answers if status == 200]
-    failed = [body["error"] for status, body in answers if status != 200]
-    server, port = serve(db)
-    _, history = request(port, "POST", "/api/history", {"channel": "public", "limit": 200},
-                         token)
-    stop_server(server)
-    kept = {m["id"] for m in history["messages"]}
-    check(f"failed syncs: {len(saved)} posts answered 200 are all there after kill -9 and a "
-          f"restart; {len(failed)} failed", failed and set(saved) <= kept,
-          f"{len(failed)} failed, missing {sorted(set(saved) - kept)[:5]}")
-    check("failed syncs: each failed post says it may or may not have been saved, none "
-          "'not saved'", failed and all("may or may not have been saved" in error
-                                        for error in failed), str(failed[:3]))
-    check("failed syncs: no traceback in the server log", "Traceback" not in log, log[-300:])
-
-
 LAYERS, WIDTH = 60, 50      # a plan of 3,000 tasks, each waiting for the whole layer above
 
 PLANNER = """
@@ -662,7 +586,7 @@ def main():
     began = time.monotonic()
     try:
         for run in (claim_races, inbox_drains, kill_nine, fuzz_http, slow_clients, crowds,
-                    crowd_of_waiters, plan_flood, reserve_flood, full_disk, failed_syncs):
+                    crowd_of_waiters, plan_flood, reserve_flood):
             run(work)
     finally:
         for process in STARTED:
