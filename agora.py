@@ -5946,9 +5946,12 @@ def _build_parser(command=None, argv=()):
             return self.formatter_class(prog=self.prog, width=columns - 2)
 
     class HookParser(Parser):
-        """A hook never exits 2, which Claude Code reads as "block": one line, exit 0."""
+        """A hook never exits 2, which Claude Code reads as "block": one line, exit 0.
+        `hook install`, which a person runs, is a command like any other (exit 2)."""
 
         def error(self, message):
+            if argv[argv.index("hook") + 1:][:1] == ["install"]:
+                super().error(message)
             hook_trouble(message, "cursor" if "cursor" in argv else "claude")
             sys.exit(0)
     parser_class = HookParser if command == "hook" else Parser

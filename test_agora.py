@@ -5077,6 +5077,13 @@ class FilesAgoraWritesTest(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.dir, "settings.json")))
         self.assert_victim_untouched()
 
+    def test_install_for_a_client_agora_does_not_know_is_a_usage_error(self):
+        done = self.agora("hook", "install", "nosuch", "--as", "bob")
+        self.assertEqual(done.returncode, 2, done.stdout)
+        self.assertEqual(done.stdout, "")
+        for client in agora.HOOK_CLIENTS:
+            self.assertIn(repr(client), done.stderr)
+
     def test_the_mode_of_a_settings_file_is_kept(self):
         path = os.path.join(self.repo, ".claude", "settings.local.json")
         os.makedirs(os.path.dirname(path))
