@@ -56,6 +56,7 @@ if __name__ == "__main__" and not (sys.flags.isolated or getattr(sys.flags, "saf
     del sys.path[0]
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -566,7 +567,6 @@ def allocate_shm(path):
     try:
         os.posix_fallocate(fd, 0, max(os.fstat(fd).st_size, SHM_RESERVE))
     except OSError as error:
-        import errno            # built in: importing it opens no file
         if error.errno == errno.ENOSPC:
             os.close(fd)
             raise
@@ -1123,6 +1123,9 @@ RETRY_AFTER_UNKNOWN = "look whether it took before doing it again"
 RETRY_SAFE = "doing it again is safe: twice ends as once"
 
 
+ROLLED_BACK = "SQLite rolled the transaction back"     # told when its cause is not known
+
+
 class _Batch:
     """One open write transaction and the blocks that have written into it."""
 
@@ -1196,9 +1199,14 @@ class GroupCommit:
                 raise OutcomeUnknown(f"the write may or may not have been saved: the disk "
                                      f"failed as it was being made to last ({batch.error})",
                                      hint=RETRY_AFTER_UNKNOWN) from batch.error
-            cause = self.describe(batch.error)
-            raise StoreError(f"the write was not saved: {cause.message if cause else batch.error}",
-                             hint=cause.hint if cause else None) from batch.error
+            raise self.not_saved(batch.error) from batch.error
+
+    def not_saved(self, error):
+        """Answer the StoreError of writes that ERROR (an sqlite3 error) kept from being
+        saved, its cause told as file_problem tells it."""
+        cause = self.describe(error)
+        return StoreError(f"the write was not saved: {cause.message if cause else error}",
+                          hint=cause.hint if cause else None)
 
     def _begin(self):
         con = self.acquire()
@@ -1210,15 +1218,14 @@ class GroupCommit:
         self.batch = _Batch(con)
         return self.batch
 
-    @staticmethod
-    def _savepoint(batch):
+    def _savepoint(self, batch):
         """Run one block in a savepoint: the one place a block's writes are undone. Once
         SQLite has undone the whole transaction itself (a full disk, an I/O error), no
         block joins it: one begun now would stand alone and commit on its release."""
         if batch.error is None and not batch.con.in_transaction:
-            batch.error = sqlite3.OperationalError("SQLite rolled the transaction back")
+            batch.error = sqlite3.OperationalError(ROLLED_BACK)
         if batch.error is not None:
-            raise StoreError(f"the write was not saved: {batch.error}")
+            raise self.not_saved(batch.error)
         batch.blocks += 1
         batch.con.execute("SAVEPOINT block")
         try:
@@ -1229,12 +1236,12 @@ class GroupCommit:
                 batch.con.execute("ROLLBACK TO block")
                 batch.con.execute("RELEASE block")
             except sqlite3.Error:       # SQLite undid the whole transaction itself: its
-                if batch.error is None:     # cause is told, never the savepoint it took
-                    took = not isinstance(failure, sqlite3.Error) or "savepoint" in str(failure)
-                    batch.error = sqlite3.OperationalError(
-                        "SQLite rolled the transaction back") if took else failure
-                if failure is not batch.error and isinstance(failure, sqlite3.Error):
-                    raise StoreError(f"the write was not saved: {batch.error}") from failure
+                cause = isinstance(failure, sqlite3.Error)  # cause is told, not the savepoint
+                if batch.error is None:
+                    batch.error = failure if cause and "savepoint" not in str(failure) else \
+                        sqlite3.OperationalError(ROLLED_BACK)
+                if cause and failure is not batch.error:
+                    raise self.not_saved(batch.error) from failure
             raise
 
     def _end_turn(self, batch):
@@ -1283,7 +1290,6 @@ DAMAGE = ("malformed", "not a database")       # what check confirms by reading 
 
 def descriptors_run_out():
     """Answer whether this process has no file descriptor left to open (EMFILE)."""
-    import errno            # built in: importing it opens no file
     try:
         os.close(os.open(os.devnull, os.O_RDONLY))
     except OSError as error:
@@ -1480,8 +1486,7 @@ class Writer:
                 for request in turn:
                     request.outcome = error
             except sqlite3.Error as error:      # the turn could not begin (a locked file)
-                problem = file_problem(self.store.path, error) or StoreError(
-                    f"the write was not saved: {error}")
+                problem = self.store.writes.not_saved(error)
                 for request in turn:
                     request.outcome = problem
             except Exception:                   # a bug of the writer's own: said, and on
@@ -4702,6 +4707,20 @@ class RequestHandler:
         """Serve this connection's requests until it closes or a wait of it parks."""
         self.close_connection = True
         self.handle_one_request()
+        self.serve_on()
+
+    def serve_on(self, left=b"", line=None):
+        """Write what is LEFT of the last answer -- taking back what it handed over through
+        LINE, its request's, should the client not take it -- then serve the connection's
+        next requests until it closes or a wait of it parks."""
+        if left:
+            try:
+                self.write(left)
+            except OSError:
+                self.close_connection = True
+                if line is not None:
+                    line.lost()
+                return
         while not self.close_connection and self.parked is None:
             self.handle_one_request()
 
@@ -4855,7 +4874,8 @@ class RequestHandler:
         """Hand ANSWER to REQUEST's client and log it; answer what is left to write: with
         AT_ONCE (the Parker) only what the socket takes without waiting is written. What
         the answer hands over is taken back (Line.lost) when the client hung up before it
-        or the write fails: a delivery is final once its first bytes are written."""
+        or the write fails: a delivery is final once its answer is written whole
+        (serve_on writes what the Parker could not)."""
         line = request.caller.line if request is not None else None
         handed, left = True, b""
         try:
@@ -5304,7 +5324,7 @@ class Parker:
             if handler.close_connection and not left:
                 self._close(handler)
             elif left:
-                self.server.serve_again(handler, left)
+                self.server.serve_again(handler, left, waiter.line)
             else:
                 self._keep_idle(handler)
 
@@ -5506,22 +5526,20 @@ class Server:
         else:
             self.shutdown_request(request)
 
-    def serve_again(self, handler, left=b""):
+    def serve_again(self, handler, left=b"", line=None):
         """Serve a connection the Parker lets go of on a new thread: write what is LEFT of
-        its last answer, then serve its next requests."""
+        its last answer (LINE: that request's), then serve its next requests."""
         handler.parked = None
         with self.watch_lock:
             self._take_slot(handler.connection, handler.client_address[0])
         self.watch(handler.connection, self.idle_timeout)
-        threading.Thread(target=self._served_again, args=(handler, left), daemon=True).start()
+        threading.Thread(target=self._served_again, args=(handler, left, line),
+                         daemon=True).start()
 
-    def _served_again(self, handler, left):
+    def _served_again(self, handler, left, line):
         try:
             try:
-                if left:
-                    handler.write(left)
-                while not handler.close_connection and handler.parked is None:
-                    handler.handle_one_request()
+                handler.serve_on(left, line)
             finally:
                 handler.finish()
         except Exception:
@@ -5599,8 +5617,9 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
     public_url, a2a_guest, a2a_block, the timeouts and max_connections).
     """
     import hashlib          # every request's token is hashed: loaded now, while descriptors
-    import socket           # are to be had, not at the first request; so is what a bug's
-    import traceback        # report needs (report_bug)
+    import heapq            # are to be had, not at the first request; so are what the
+    import socket           # Parker keeps its timers with and what a bug's report needs
+    import traceback        # (report_bug)
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     handler = type("AgoraRequestHandler", (RequestHandler, BaseHTTPRequestHandler), {})
     server_class = type("AgoraServer", (Server, ThreadingHTTPServer), {

@@ -2304,6 +2304,25 @@ class HangUpTest(ServerCase):
         self.token = self.join("bob")
         agora.call(self.store, "brief", {}, agora.Caller("bob", True))
 
+    def test_the_rest_of_an_answer_that_cannot_be_written_is_taken_back(self):
+        # What the parker could not write at once, a thread writes; should the client not
+        # take it, what the answer handed over comes again (nothing is lost).
+        taken, line = [], agora.Line()
+        line.on_lost(lambda: taken.append("taken back"))
+
+        class Gone:
+            close_connection, parked = False, None
+
+            def write(self, data):
+                raise BrokenPipeError("the client hung up")
+
+            def handle_one_request(self):
+                raise AssertionError("served on after the answer failed")
+        gone = Gone()
+        agora.RequestHandler.serve_on(gone, b"the rest of the answer", line)
+        self.assertEqual(taken, ["taken back"])
+        self.assertTrue(gone.close_connection)
+
     def hang_up_then_post(self, path, body, pause):
         """Send BODY to PATH as bob, close the connection while it waits, wait PAUSE
         seconds, post bob a message, and let the long-poll finish; answer the message's id."""

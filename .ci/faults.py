@@ -23,7 +23,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import AGORA, check, mint_token, start_server, summary  # noqa: E402
+from harness import (AGORA, check, mint_token, start_server, stop_server,  # noqa: E402
+                     summary)
 
 STARTED = []            # every server process, so that none outlives a phase that stopped
 MOUNTED = []            # every mount point, so that none outlives the run
@@ -184,7 +185,7 @@ def judge(phase, answers, fault_began, fault_ended, log, alive, held, told, toke
           not any(live.values()))
     server, port = restart()
     later = missing(answers, saved(port, tokens, answers))
-    log += stop(server)
+    log += stop_server(server)
     check(f"{phase}: and after kill -9 and a restart ({later})", not any(later.values()))
     done = subprocess.run([sys.executable, AGORA, "check", "--db", db], capture_output=True,
                           text=True, timeout=120)
@@ -195,24 +196,9 @@ def judge(phase, answers, fault_began, fault_ended, log, alive, held, told, toke
 
 def serve(db, prefix=()):
     """Start a server on DB (under PREFIX, e.g. fiu-run); answer (process, port)."""
-    if prefix:
-        process = subprocess.Popen([*prefix, sys.executable, AGORA, "serve", "--addr",
-                                    "127.0.0.1:0", "--db", db, "--quiet"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = process.stdout.readline()
-        port = int(line.split("127.0.0.1:")[1].split()[0])
-    else:
-        process, url = start_server(db)
-        port = int(url.rsplit(":", 1)[1])
+    process, url = start_server(db, prefix=prefix)
     STARTED.append(process)
-    return process, port
-
-
-def stop(process):
-    """Stop a server: answer what it wrote on stderr."""
-    if process.poll() is None:
-        process.terminate()
-    return process.communicate(timeout=30)[1]
+    return process, int(url.rsplit(":", 1)[1])
 
 
 def crash(process):
@@ -401,7 +387,7 @@ def unknown_after_failed_sync(work):
     server, port = serve(db)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     _, history = call(conn, token, "history", {"channel": "public", "limit": 200})
-    stop(server)
+    stop_server(server)
     kept = {m["id"] for m in history["messages"]}
     check(f"crash after failed syncs: {len(ids)} posts answered 200 are all there after "
           f"kill -9 and a restart; {len(failed)} failed", failed and set(ids) <= kept,

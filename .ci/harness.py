@@ -20,15 +20,17 @@ def check(name, ok, detail=""):
           flush=True)
 
 
-def start_server(db, *options, nofile=None):
-    """Start `agora.py serve` on a free port, with a soft open-files limit of NOFILE when
-    given (as a shell's usual 1,024 would set it); answer (process, base URL)."""
+def start_server(db, *options, nofile=None, prefix=()):
+    """Start `agora.py serve` on a free port, under the command PREFIX (fiu-run, say) and
+    with a soft open-files limit of NOFILE when given (as a shell's usual 1,024 would set
+    it); answer (process, base URL)."""
     def limit():
         import resource
         resource.setrlimit(resource.RLIMIT_NOFILE,
                            (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    process = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
-                                "--db", db, "--quiet", *options], stdout=subprocess.PIPE,
+    process = subprocess.Popen([*prefix, sys.executable, AGORA, "serve", "--addr",
+                                "127.0.0.1:0", "--db", db, "--quiet", *options],
+                               stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True,
                                preexec_fn=limit if nofile else None)
     line = process.stdout.readline()
