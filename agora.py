@@ -558,16 +558,18 @@ def allocate_shm(path):
     process's locks on it, SQLite's among them. A disk without room is refused here,
     where it can be said (OSError)."""
     shm = path + "-shm"
+    if not hasattr(os, "posix_fallocate"):          # macOS, Windows: nothing to do
+        return None
     try:
         if os.statvfs(shm).f_frsize >= os.sysconf("SC_PAGE_SIZE"):
             return None
         fd = os.open(shm, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-    except (OSError, AttributeError, ValueError):   # no -shm, no statvfs: nothing to do
+    except (OSError, ValueError):                   # no -shm (not WAL): nothing to do
         return None
     try:
         os.posix_fallocate(fd, 0, max(os.fstat(fd).st_size, SHM_RESERVE))
-    except OSError as error:
-        if error.errno == errno.ENOSPC:
+    except OSError as error:        # one that cannot allocate is kept all the same: closing
+        if error.errno == errno.ENOSPC:     # it now would drop SQLite's locks
             os.close(fd)
             raise
     return fd
