@@ -1359,7 +1359,7 @@ class GroupCommitTest(StoreCase):
 
     def test_a_commit_the_disk_failed_is_told_unknown(self):
         # COMMIT's sync failed: SQLite cannot say whether the write reached the disk.
-        con = self.store._connect()
+        con = sqlite3.connect(self.db, isolation_level=None)     # its transactions by hand
         self.addCleanup(con.close)
 
         class SyncFails:
