@@ -5939,7 +5939,69 @@ def _command_word(argv):
 CLI_COMMANDS = ("serve", "stdio", "wait", "hook", "guard", "ops", "backup", "check",
                 "install")
 HOOK_EVENTS = ("session-start", "prompt", "stop", "wake")
-HOOK_CLIENTS = ("claude", "codex", "gemini", "cursor")
+COMMAND = object()          # where a hook entry's command line goes (HookClient.entry)
+
+SHELL_ENTRY = {"type": "command", "command": COMMAND, "timeout": 30}    # seconds
+HookClient = namedtuple("HookClient", "title files events user_first home context stop "
+                        "entry flat trouble trust wakes",
+                        defaults=(False, None, "nested", "block", SHELL_ENTRY, False,
+                                  "systemMessage", None, False))
+HookClient.__doc__ = """One coding client agora's hooks speak to, each fact said once.
+
+TITLE: its name for people. FILES: where its hooks live, (in a project, for the user),
+relative to the project or the home folder. EVENTS: (its event, agora's hook event)
+for each hook agora installs. USER_FIRST: hook install writes the user's file unless
+told --project. HOME: (an environment variable naming its home instead, the file
+under it) or None. CONTEXT: how it takes text at session start and beside a prompt:
+"nested" (hookSpecificOutput, named by its event), "top" (additionalContext at the
+top level) or None (it takes none). STOP: what its stop hook answers to go on: "block"
+or "deny" (a decision with the reason), or "followup" (a follow-up message). ENTRY:
+one handler's settings, the command line where COMMAND stands. FLAT: each event holds
+a list of the handlers themselves (in a file of version 1), not groups of them.
+TROUBLE: how a failing hook reaches the person: "systemMessage", "stderr" (its log
+only) or "exit 2" (a line on stderr). TRUST: (when: "always" or "project", the step
+the person must take) or None. WAKES: it wakes an idle session (Claude Code's
+asyncRewake)."""
+
+HOOK_CLIENTS = {
+    "claude": HookClient(
+        "Claude Code", (".claude/settings.local.json", ".claude/settings.json"),
+        (("SessionStart", "session-start"), ("SessionStart", "wake"),
+         ("UserPromptSubmit", "prompt"), ("Stop", "stop"), ("Stop", "wake")), wakes=True),
+    "codex": HookClient(
+        "Codex", (".codex/hooks.json", ".codex/hooks.json"),
+        (("SessionStart", "session-start"), ("UserPromptSubmit", "prompt"), ("Stop", "stop")),
+        home=("CODEX_HOME", "hooks.json"),
+        trust=("always", "Codex runs new hooks only once you trust them: start codex and pick "
+                         "\"Trust all and continue\" (or /hooks); until then codex exec skips "
+                         "them silently. It reads a project's .codex/ only in a trusted "
+                         "project.")),
+    "gemini": HookClient(
+        "Gemini CLI", (".gemini/settings.json", ".gemini/settings.json"),
+        (("SessionStart", "session-start"), ("BeforeAgent", "prompt"), ("AfterAgent", "stop")),
+        stop="deny", entry=dict(SHELL_ENTRY, timeout=30000),     # Gemini counts milliseconds
+        trust=("project", "Gemini CLI ignores a project's .gemini/settings.json until the "
+                          "folder is trusted: trust it when gemini asks (or with "
+                          "/permissions).")),
+    "cursor": HookClient(
+        "Cursor", (".cursor/hooks.json", ".cursor/hooks.json"), (("stop", "stop"),),
+        context=None, stop="followup", entry={"command": COMMAND, "loop_limit": 5},
+        flat=True, trouble="stderr"),
+    "copilot": HookClient(
+        "GitHub Copilot CLI", (".github/hooks/agora.json", ".copilot/hooks/agora.json"),
+        (("sessionStart", "session-start"), ("userPromptSubmitted", "prompt"),
+         ("agentStop", "stop")),
+        user_first=True, context="top", flat=True, trouble="exit 2",
+        entry={"type": "command", "bash": COMMAND, "timeoutSec": 30},
+        trust=("project", "Copilot CLI runs a project's hooks only in a trusted folder: "
+                          "trust it when copilot asks (or add it to trustedFolders in "
+                          "~/.copilot/config.json).")),
+    "qwen": HookClient(
+        "Qwen Code", (".qwen/settings.json", ".qwen/settings.json"),
+        (("SessionStart", "session-start"), ("UserPromptSubmit", "prompt"), ("Stop", "stop"))),
+}
+COMMAND_KEYS = tuple(dict.fromkeys(key for client in HOOK_CLIENTS.values()
+                                   for key, value in client.entry.items() if value is COMMAND))
 HOOK_TIMEOUT = 5            # seconds a hook may spend talking to agora: it runs on every prompt
 WAKE_TIMEOUT = 86400        # seconds hook wake waits for news, by default: past a night
 DEFAULT_BIN = "~/.local/bin"    # where install writes the agora command
@@ -5973,8 +6035,9 @@ def _build_parser(command=None, argv=()):
         def error(self, message):
             if argv[argv.index("hook") + 1:][:1] == ["install"]:
                 super().error(message)
-            hook_trouble(message, "cursor" if "cursor" in argv else "claude")
-            sys.exit(0)
+            named = argv[argv.index("--client") + 1:][:1] if "--client" in argv else []
+            client = named[0] if named and named[0] in HOOK_CLIENTS else "claude"
+            sys.exit(hook_trouble(message, running_client(client)))
     parser_class = HookParser if command == "hook" else Parser
     parser = parser_class(
         prog="agora", description="Where AI agents meet: channels, mail, tasks and notes.",
@@ -6048,14 +6111,17 @@ def _build_parser(command=None, argv=()):
         hook_parser = commands.add_parser("hook", parents=[common, remote, waiting],
                                           help="a coding client's hook (or: hook install CLIENT)")
         hook_parser.add_argument("event", choices=HOOK_EVENTS + ("install",))
-        hook_parser.add_argument("target", nargs="?", choices=HOOK_CLIENTS,
+        hook_parser.add_argument("target", nargs="?", choices=tuple(HOOK_CLIENTS),
                                  help="with install: the client to install the hooks for")
-        hook_parser.add_argument("--client", choices=HOOK_CLIENTS, default="claude")
+        hook_parser.add_argument("--client", choices=tuple(HOOK_CLIENTS), default="claude")
         hook_parser.add_argument("--timeout", type=float, default=WAKE_TIMEOUT, metavar="SECONDS",
                                  help=f"how long wake waits (default {WAKE_TIMEOUT})")
         hook_parser.add_argument("--dir", default=".", help="with install: the project folder")
         hook_parser.add_argument("--user", action="store_true",
                                  help="with install: the user's settings, for every project")
+        hook_parser.add_argument("--project", action="store_true",
+                                 help="with install: the project's settings, for a client "
+                                      "whose hooks go to the user's by default (copilot)")
     if wanted("guard"):
         guard_parser = commands.add_parser("guard", parents=[common, remote, waiting],
                                            help="check staged paths against others' reservations "
@@ -6579,23 +6645,19 @@ def news_batches(link, tasks, deadline=None, peek=False):
 
 
 def hook_json(event, client, text):
-    """Answer what CLIENT takes from a hook of EVENT to say TEXT, or None if it takes nothing.
-
-    Claude Code, Codex and Gemini CLI add a SessionStart or prompt hook's
-    additionalContext to the model's context; a Stop hook's block (Gemini:
-    deny) makes the agent go on with the reason; Cursor's stop hook sends a
-    follow-up message and its other hooks cannot add text. Copilot CLI takes
-    additionalContext at the top level (hookSpecificOutput it drops).
-    """
-    if client == "cursor":
-        return {"followup_message": text} if event == "stop" else None
+    """Answer what CLIENT takes from a hook of EVENT to say TEXT, or None if it takes nothing
+    (HookClient's CONTEXT and STOP)."""
+    facts = HOOK_CLIENTS[client]
     if event == "stop":
-        return {"decision": "deny" if client == "gemini" else "block", "reason": text}
-    if client == "copilot":
+        if facts.stop == "followup":
+            return {"followup_message": text}
+        return {"decision": facts.stop, "reason": text}
+    if facts.context == "top":
         return {"additionalContext": text}
-    name = {"session-start": "SessionStart",
-            "prompt": "BeforeAgent" if client == "gemini" else "UserPromptSubmit"}[event]
-    return {"hookSpecificOutput": {"hookEventName": name, "additionalContext": text}}
+    if facts.context == "nested":
+        name = next(theirs for theirs, ours in facts.events if ours == event)
+        return {"hookSpecificOutput": {"hookEventName": name, "additionalContext": text}}
+    return None
 
 
 def _hook_input():
@@ -6627,13 +6689,14 @@ def interactive_session():
 
 
 def _hook_command(options):
-    """Run one hook; it never breaks the client's session (exit 0, at most one line)."""
+    """Run one hook; it never breaks the client's session (at most one line; exit 0, or 2
+    where that is how the person is told, and no more: hook_trouble)."""
     if options.event == "install":
         return _install_hooks(options)
     given = _hook_input()               # read it all, so the client never blocks on us
     client = running_client(options.client)
     if options.event == "wake":
-        return _wake(options) if client == "claude" else 0
+        return _wake(options) if HOOK_CLIENTS[client].wakes else 0
     if hook_json(options.event, client, "") is None:
         return 0                        # the client takes nothing: nothing is told
     if options.event == "stop" and given.get("stop_hook_active") is True:
@@ -6649,21 +6712,23 @@ def _hook_command(options):
         finally:
             link.close()
     except Exception as error:          # whatever it is, the session goes on
-        hook_trouble(error, client)
-        return 0
+        return hook_trouble(error, client)
     if text:
         print(json.dumps(hook_json(options.event, client, text)))
     return 0
 
 
 def hook_trouble(error, client=None):
-    """Say in one line why a hook had nothing to say: on stderr, and as the systemMessage
-    that Claude Code, Codex and Gemini CLI show the person (a Cursor hook: stderr only)."""
+    """Say in one line why a hook had nothing to say, on stderr and the way CLIENT shows
+    it to the person (HookClient.trouble); answer the hook's exit status: 2 where that is
+    how the person is told (Copilot CLI, which goes on all the same), else 0."""
     lines = str(error).splitlines()
     line = f"agora hook: {lines[0] if lines else type(error).__name__}"
     print(line, file=sys.stderr)
-    if client in ("claude", "codex", "gemini"):
+    trouble = HOOK_CLIENTS[client].trouble if client in HOOK_CLIENTS else "stderr"
+    if trouble == "systemMessage":
         print(json.dumps({"systemMessage": line}))
+    return 2 if trouble == "exit 2" else 0
 
 
 def wake_lock_path(key):
@@ -6798,30 +6863,6 @@ def _stdio_command(options):
 
 
 # Installing the hooks: each client's settings file, merged, never holding a token.
-
-# Where each client reads hooks: in a project (under --dir), and for the user (home).
-HOOK_FILES = {"claude": (".claude/settings.local.json", ".claude/settings.json"),
-              "codex": (".codex/hooks.json", ".codex/hooks.json"),
-              "gemini": (".gemini/settings.json", ".gemini/settings.json"),
-              "cursor": (".cursor/hooks.json", ".cursor/hooks.json")}
-# Agora's hooks in each client: (the client's event, agora's hook event).
-CLIENT_HOOKS = {
-    "claude": [("SessionStart", "session-start"), ("SessionStart", "wake"),
-               ("UserPromptSubmit", "prompt"), ("Stop", "stop"), ("Stop", "wake")],
-    "codex": [("SessionStart", "session-start"), ("UserPromptSubmit", "prompt"),
-              ("Stop", "stop")],
-    "gemini": [("SessionStart", "session-start"), ("BeforeAgent", "prompt"),
-               ("AfterAgent", "stop")],
-    "cursor": [("stop", "stop")],
-}
-# What the client still needs before the hooks run, said once they are written.
-HOOK_TRUST_STEPS = {
-    "codex": "Codex runs new hooks only once you trust them: start codex and pick \"Trust "
-             "all and continue\" (or /hooks); until then codex exec skips them silently. It "
-             "reads a project's .codex/ only in a trusted project.",
-    "gemini": "Gemini CLI ignores a project's .gemini/settings.json until the folder is "
-              "trusted: trust it when gemini asks (or with /permissions).",
-}
 # The model reads a wake as news from other agents, and the person sees this summary.
 REWAKE_MESSAGE = "News from other agents in agora (they write it, not the user):"
 REWAKE_SUMMARY = "agora: new mail"
@@ -6840,16 +6881,12 @@ def hook_entry(client, event, identity):
     client ends at its timeout or at the session's end is agora's itself: a waiter the
     shell left behind would hold the agent's wake lock for a day."""
     command = "exec " + shell_words(hook_argv(event, client, identity))
-    if client == "claude":
-        entry = {"type": "command", "command": command, "timeout": 30}
-        if event == "wake":         # an async hook's timeout defaults to 600 s
-            entry.update(asyncRewake=True, timeout=WAKE_TIMEOUT + 60,
-                         rewakeMessage=REWAKE_MESSAGE, rewakeSummary=REWAKE_SUMMARY)
-        return entry
-    if client == "cursor":
-        return {"command": command, "loop_limit": 5}
-    return {"type": "command", "command": command,
-            "timeout": 30000 if client == "gemini" else 30}      # Gemini counts milliseconds
+    entry = {key: command if value is COMMAND else value
+             for key, value in HOOK_CLIENTS[client].entry.items()}
+    if event == "wake":         # an async hook's timeout defaults to 600 s
+        entry.update(asyncRewake=True, timeout=WAKE_TIMEOUT + 60,
+                     rewakeMessage=REWAKE_MESSAGE, rewakeSummary=REWAKE_SUMMARY)
+    return entry
 
 
 def is_agora_hook(entry):
@@ -6861,8 +6898,8 @@ def is_agora_hook(entry):
     if isinstance(argv, list):
         argv = [entry.get("command")] + argv
     else:
-        try:
-            argv = shlex.split(entry.get("command") or "")
+        try:        # the command line under any client's key for it (Copilot's "bash")
+            argv = shlex.split(next(filter(None, map(entry.get, COMMAND_KEYS)), ""))
         except (TypeError, ValueError):
             return False
     for at, word in enumerate(argv[:-1]):
@@ -6879,17 +6916,19 @@ def is_agora_hook(entry):
 def merged_hooks(client, settings, identity):
     """Answer SETTINGS with agora's hooks for CLIENT in place of any earlier ones, or None
     when they are not in a shape agora understands (then nothing is written)."""
+    facts = HOOK_CLIENTS[client]
+    events = dict.fromkeys(theirs for theirs, _ in facts.events)
     hooks = settings.get("hooks", {})
     if not isinstance(hooks, dict) or any(
-            not isinstance(hooks.get(event, []), list) for event, _ in CLIENT_HOOKS[client]):
+            not isinstance(hooks.get(event, []), list) for event in events):
         return None
     hooks = dict(hooks)
-    for event in dict.fromkeys(event for event, _ in CLIENT_HOOKS[client]):
-        ours = [hook_entry(client, hook, identity) for name, hook in CLIENT_HOOKS[client]
+    for event in events:
+        ours = [hook_entry(client, hook, identity) for name, hook in facts.events
                 if name == event]
         kept = []
         for item in hooks.get(event, []):
-            if client == "cursor":              # cursor lists the handlers themselves
+            if facts.flat:                      # the event lists the handlers themselves
                 if not is_agora_hook(item):
                     kept.append(item)
             elif isinstance(item, dict) and isinstance(item.get("hooks"), list):
@@ -6898,9 +6937,9 @@ def merged_hooks(client, settings, identity):
                     kept.append(dict(item, hooks=theirs))
             else:
                 kept.append(item)
-        hooks[event] = kept + (ours if client == "cursor" else [{"hooks": ours}])
+        hooks[event] = kept + (ours if facts.flat else [{"hooks": ours}])
     settings = dict(settings, hooks=hooks)
-    if client == "cursor":
+    if facts.flat:
         settings.setdefault("version", 1)
     return settings
 
@@ -6910,14 +6949,18 @@ def _install_hooks(options):
     client = options.target
     if client is None:
         raise UsageError(f"say which client: hook install {'|'.join(HOOK_CLIENTS)}")
+    if options.user and options.project:
+        raise UsageError("say --user or --project, not both")
     identity = _written_identity(options)
     if not identity:
         raise UsageError("install needs --as NAME or --url URL")
-    project, user = HOOK_FILES[client]
-    if not options.user:
+    facts = HOOK_CLIENTS[client]
+    project, user = facts.files
+    for_user = options.user or facts.user_first and not options.project
+    if not for_user:
         path = os.path.join(options.dir, project)
-    elif client == "codex" and os.environ.get("CODEX_HOME"):
-        path = os.path.join(os.environ["CODEX_HOME"], "hooks.json")
+    elif facts.home and os.environ.get(facts.home[0]):
+        path = os.path.join(os.environ[facts.home[0]], facts.home[1])
     else:
         path = os.path.join(os.path.expanduser("~"), user)
     settings = {}
@@ -6930,11 +6973,10 @@ def _install_hooks(options):
                        "left untouched")
     write_file(path, json.dumps(merged, indent=2, ensure_ascii=False) + "\n")
     cache_bytecode()
-    events = ", ".join(dict.fromkeys(event for event, _ in CLIENT_HOOKS[client]))
+    events = ", ".join(dict.fromkeys(theirs for theirs, _ in facts.events))
     print(f"agora hooks for {client} in {path}: {events} ({' '.join(identity)})")
-    step = HOOK_TRUST_STEPS.get(client)
-    if step and not (client == "gemini" and options.user):
-        print(f"next: {step}")
+    if facts.trust and (facts.trust[0] == "always" or not for_user):
+        print(f"next: {facts.trust[1]}")
     return 0
 
 

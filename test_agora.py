@@ -3668,18 +3668,20 @@ class CodeAgoraRunsTest(unittest.TestCase):
         """Install and run SCRIPT's hooks (for CLIENTS) and guard, and start its stdio and
         serve, all in the project: each works."""
         for client in clients:
-            done = self.run_agora(script, "hook", "install", client, "--as", "bob",
-                                  "--db", self.db)
+            done = self.run_agora(script, "hook", "install", client, "--project", "--as",
+                                  "bob", "--db", self.db)
             self.assertEqual(done.returncode, 0, done.stderr)
-            path = os.path.join(self.project, agora.HOOK_FILES[client][0])
+            facts = agora.HOOK_CLIENTS[client]
+            path = os.path.join(self.project, facts.files[0])
+            key = next(k for k, v in facts.entry.items() if v is agora.COMMAND)
             with open(path) as f:
                 text = json.load(f)["hooks"]
             handlers = [h for entries in text.values() for entry in entries
                         for h in (entry.get("hooks", [entry]))]
             self.assertTrue(handlers)
             for handler in handlers:
-                ran = self.shell(handler["command"])
-                self.assertEqual((ran.returncode, ran.stderr), (0, ""), handler["command"])
+                ran = self.shell(handler[key])
+                self.assertEqual((ran.returncode, ran.stderr), (0, ""), handler[key])
         agora.call(self.store, "post", {"body": f"for bob, by {script}"},
                    agora.Caller("alice", True))
         prompt = self.shell(self.launched(script, "hook", "prompt", "--as", "bob",
@@ -5493,6 +5495,10 @@ HOOK_INPUT = {
                "prompt": "go on", "prompt_response": "done", "stop_hook_active": False},
     "cursor": {"conversation_id": "c1", "generation_id": "g1", "hook_event_name": "stop",
                "workspace_roots": ["/tmp"], "status": "completed", "loop_count": 0},
+    "copilot": {"sessionId": "s1", "timestamp": 1796230000000, "cwd": "/tmp",
+                "stop_hook_active": False},
+    "qwen": {"session_id": "s1", "transcript_path": "/tmp/t.jsonl", "cwd": "/tmp",
+             "hook_event_name": "Stop", "stop_hook_active": False},
 }
 
 
@@ -5502,6 +5508,8 @@ def documented_shape(event, client):
         return ({"followup_message"}, None) if event == "stop" else None
     if event == "stop":
         return {"decision", "reason"}, "deny" if client == "gemini" else "block"
+    if client == "copilot":                 # sessionStart, userPromptSubmitted
+        return {"additionalContext"}, None
     return {"hookSpecificOutput"}, {"session-start": "SessionStart",
                                     "prompt": "BeforeAgent" if client == "gemini"
                                     else "UserPromptSubmit"}[event]
@@ -5571,6 +5579,8 @@ class HookTest(HookCase):
                     elif "decision" in answer:
                         self.assertEqual(answer["decision"], kind)
                         text = answer["reason"]
+                    elif "additionalContext" in answer:
+                        text = answer["additionalContext"]
                     else:
                         text = answer["followup_message"]
                     self.assertTrue(text.startswith("agora"), text)
@@ -5614,6 +5624,11 @@ class HookTest(HookCase):
                 shown = not label.startswith(("cursor", "wake"))
                 self.assertEqual(out, json.dumps({"systemMessage": err.strip()}) + "\n"
                                  if shown else "")
+        # Copilot CLI shows a hook's line to the person only on exit 2 (and goes on)
+        code, out, err = self.hook("stop", "--client", "copilot", "--url", closed,
+                                   "--token", "agora_x")
+        self.assertEqual((code, out, len(err.splitlines())), (2, "", 1), err)
+        self.assertTrue(err.startswith("agora hook: "), err)
         for stdin in ("", "not json", "[1, 2", '{"stop_hook_active": "yes"}', '\ufeff{}'):
             with self.subTest(stdin=stdin):
                 self.post(f"after {stdin!r}")
@@ -5759,9 +5774,13 @@ class HookInstallTest(unittest.TestCase):
                     "AfterAgent": ["stop"]}, {"type", "command", "timeout", "name",
                                               "description"}),
         "cursor": ({"stop": ["stop"]}, {"command", "timeout", "loop_limit", "matcher"}),
+        # Copilot CLI: {version: 1, hooks: {event: [handler]}}, the command under "bash"
+        "copilot": ({"sessionStart": ["session-start"], "userPromptSubmitted": ["prompt"],
+                     "agentStop": ["stop"]},
+                    {"type", "bash", "powershell", "cwd", "env", "timeoutSec"}),
+        "qwen": ({"SessionStart": ["session-start"], "UserPromptSubmit": ["prompt"],
+                  "Stop": ["stop"]}, {"type", "command", "timeout", "name", "description"}),
     }
-    FILES = {"claude": ".claude/settings.local.json", "codex": ".codex/hooks.json",
-             "gemini": ".gemini/settings.json", "cursor": ".cursor/hooks.json"}
 
     def setUp(self):
         self.dir = temp_dir(self)
@@ -5771,16 +5790,18 @@ class HookInstallTest(unittest.TestCase):
         self.db = os.path.join(self.dir, "agora.db")
 
     def install(self, client, *argv, env=None):
+        """Run hook install CLIENT for the project (--project, unless ARGV says --user)."""
+        where = [] if "--user" in argv else ["--project"]
         return subprocess.run([sys.executable, AGORA, "hook", "install", client, "--dir",
-                               self.project, *argv], capture_output=True, text=True, timeout=30,
+                               self.project, *where, *argv], capture_output=True, text=True,
+                              timeout=30,
                               env=dict(os.environ, **dict(dict(HOME=self.home, AGORA_AS="",
                                                                AGORA_DB="", CODEX_HOME=""),
                                                           **(env or {}))))
 
     def path(self, client, user=False):
         return os.path.join(self.home if user else self.project,
-                            ".claude/settings.json" if user and client == "claude"
-                            else self.FILES[client])
+                            agora.HOOK_CLIENTS[client].files[user])
 
     def read(self, client, user=False):
         with open(self.path(client, user), encoding="utf-8") as f:
@@ -5791,7 +5812,7 @@ class HookInstallTest(unittest.TestCase):
         found = {}
         for event, entries in settings["hooks"].items():
             self.assertIsInstance(entries, list)
-            handlers = entries if client == "cursor" else [
+            handlers = entries if agora.HOOK_CLIENTS[client].flat else [
                 handler for group in entries for handler in group["hooks"]]
             found[event] = [handler for handler in handlers if agora.is_agora_hook(handler)]
         return found
@@ -5801,8 +5822,8 @@ class HookInstallTest(unittest.TestCase):
         """Answer the words of the program HANDLER's command execs: one shell string, for
         every client."""
         import shlex
-        words = shlex.split(handler["command"])
-        assert words[0] == "exec", handler["command"]
+        words = shlex.split(handler.get("bash", handler.get("command")))
+        assert words[0] == "exec", handler
         return words[1:]
 
     def test_each_client_gets_its_documented_shape(self):
@@ -5812,7 +5833,7 @@ class HookInstallTest(unittest.TestCase):
                 self.assertEqual(done.returncode, 0, done.stderr)
                 self.assertIn(self.path(client), done.stdout.replace("/./", "/"))
                 settings = json.loads(self.read(client))
-                if client == "cursor":
+                if client in ("cursor", "copilot"):
                     self.assertEqual(settings["version"], 1)
                 found = self.handlers(client, settings)
                 self.assertEqual({event: [self.argv(client, h)[7] for h in handlers]
@@ -5835,7 +5856,8 @@ class HookInstallTest(unittest.TestCase):
                             self.assertGreater(handler["timeout"], agora.WAKE_TIMEOUT)
                             self.assertEqual(handler["rewakeSummary"], "agora: new mail")
                             self.assertIn("not the user", handler["rewakeMessage"])
-                trust = {"codex": "Trust all and continue", "gemini": "trusted"}.get(client)
+                trust = {"codex": "Trust all and continue", "gemini": "trusted",
+                         "copilot": "trustedFolders"}.get(client)
                 if trust:
                     self.assertIn(trust, done.stdout)
 
@@ -5895,7 +5917,7 @@ class HookInstallTest(unittest.TestCase):
         self.assertEqual(settings["hooks"]["PreToolUse"], [{"matcher": "Bash", "hooks": [theirs]}])
         self.assertEqual(settings["hooks"]["Stop"][0], {"hooks": [theirs]})   # the old one gone
         self.assertEqual(len(self.handlers("claude", settings)["Stop"]), 2)
-        for client in self.FILES:
+        for client in agora.HOOK_CLIENTS:
             with self.subTest(client):
                 self.assertEqual(self.install(client, "--as", "bob").returncode, 0)
                 first = self.read(client)
@@ -5903,7 +5925,7 @@ class HookInstallTest(unittest.TestCase):
                 self.assertEqual(self.read(client), first)
 
     def test_user_level_files(self):
-        for client in self.FILES:
+        for client in agora.HOOK_CLIENTS:
             with self.subTest(client):
                 done = self.install(client, "--user", "--as", "bob")
                 self.assertEqual(done.returncode, 0, done.stderr)
@@ -5913,6 +5935,24 @@ class HookInstallTest(unittest.TestCase):
         done = self.install("codex", "--user", "--as", "bob", env={"CODEX_HOME": codex_home})
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertTrue(os.path.exists(os.path.join(codex_home, "hooks.json")))
+
+    def test_copilot_hooks_go_to_the_user_unless_told_the_project(self):
+        done = self.install("copilot", "--user", "--as", "bob")    # what a bare install does
+        bare = subprocess.run([sys.executable, AGORA, "hook", "install", "copilot", "--as",
+                               "bob", "--dir", self.project], capture_output=True, text=True,
+                              timeout=30, env=dict(os.environ, HOME=self.home, AGORA_DB=""))
+        self.assertEqual((bare.returncode, done.returncode), (0, 0), bare.stderr)
+        user = os.path.join(self.home, ".copilot", "hooks", "agora.json")
+        self.assertIn(user, bare.stdout)
+        self.assertNotIn("next:", bare.stdout)          # a user's hooks need no trust
+        self.assertFalse(os.path.exists(self.path("copilot")))
+        done = self.install("copilot", "--as", "bob")                # --project
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn(os.path.join(".github", "hooks", "agora.json"), done.stdout)
+        self.assertIn("next: Copilot CLI runs a project's hooks only in a trusted folder",
+                      done.stdout)
+        both = self.install("copilot", "--user", "--project", "--as", "bob")
+        self.assertEqual(both.returncode, 2, both.stderr)
 
     def test_a_file_agora_cannot_understand_is_left_untouched(self):
         for client, text in (("claude", "{not json"), ("claude", "[1, 2]"),
@@ -5929,7 +5969,7 @@ class HookInstallTest(unittest.TestCase):
                 self.assertEqual(self.read(client), text)
 
     def test_a_url_install_writes_no_token(self):
-        for client in self.FILES:
+        for client in agora.HOOK_CLIENTS:
             with self.subTest(client):
                 done = self.install(client, "--url", "http://agora.example:8820",
                                     env={"AGORA_TOKEN": "agora_secret_token"})
@@ -6039,6 +6079,14 @@ class DocsTest(unittest.TestCase):
         block = re.search(r"(?s)<!-- ops -->\n(.*?)<!-- /ops -->", readme)
         self.assertIsNotNone(block, "README.md lacks the <!-- ops --> block")
         self.assertEqual(block.group(1), agora.ops_markdown(), "run 'make docs'")
+
+    def test_readme_names_every_client_and_its_install(self):
+        with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+            readme = f.read()
+        for client, facts in agora.HOOK_CLIENTS.items():
+            with self.subTest(client):
+                for said in (f"python3 agora.py hook install {client} ", f"**{facts.title}**"):
+                    self.assertTrue(said in readme, f"README.md does not say {said!r}")
 
 
 class SuiteTest(unittest.TestCase):

@@ -280,7 +280,7 @@ def write_hooks(client, scratch, name, url=None):
     subprocess.run([PYTHON, AGORA, "hook", "install", client, *who, "--dir",
                     scratch.project], check=True, capture_output=True, timeout=30,
                    env=dict(os.environ, HOME=scratch.home))    # its bytecode cache: the client's
-    return os.path.join(scratch.project, under_test().HOOK_FILES[client][0])
+    return os.path.join(scratch.project, under_test().HOOK_CLIENTS[client].files[0])
 
 
 def rewrite_hooks(path, change):
