@@ -27,8 +27,9 @@ clean:
 
 # Real third-party clients against a real server: the official MCP Python SDK,
 # the MCP Inspector CLI, the MCP conformance suite, the A2A SDK, the A2A test
-# kit, the coding clients themselves (Claude Code, Codex CLI, Gemini CLI) end to
-# end against a fake model API on loopback, and Litestream replicating the file.
+# kit, the coding clients themselves (Claude Code, Codex CLI, Gemini CLI, Qwen Code,
+# GitHub Copilot CLI) end to end against a fake model API on loopback, and
+# Litestream replicating the file.
 # They live in .interop/ (git-ignored, throwaway); agora.py never depends on them.
 # The A2A test kit (a2aproject/a2a-tck, branch 1.0-dev) is published on neither
 # PyPI nor npm: A2A_TCK names a copy of it, a .tar.gz made by
@@ -40,6 +41,8 @@ NODE22 = 22.23.5
 CLAUDE_CODE = 2.1.332
 CODEX = 0.171.0
 GEMINI_CLI = 0.61.0
+QWEN_CODE = 0.24.4
+COPILOT_CLI = 1.0.102
 LITESTREAM = 0.5.17
 NPM_FLAGS = --no-audit --no-fund --no-update-notifier --loglevel=error
 A2A_TCK ?= $(wildcard ../shared/kits/a2a-tck-1.0-dev.tar.gz)
@@ -77,6 +80,10 @@ $(INTEROP)/ready: Makefile
 	    --cache $(INTEROP)/npm-cache @openai/codex@$(CODEX)
 	$(WITH_NODE) npm install --prefix $(INTEROP)/gemini $(NPM_FLAGS) \
 	    --cache $(INTEROP)/npm-cache @google/gemini-cli@$(GEMINI_CLI)
+	$(WITH_NODE) npm install --prefix $(INTEROP)/qwen $(NPM_FLAGS) \
+	    --cache $(INTEROP)/npm-cache --ignore-scripts @qwen-code/qwen-code@$(QWEN_CODE)
+	$(WITH_NODE) npm install --prefix $(INTEROP)/copilot $(NPM_FLAGS) \
+	    --cache $(INTEROP)/npm-cache --ignore-scripts @github/copilot@$(COPILOT_CLI)
 	touch $@
 
 # Speed and memory against floors measured in the same run, the throughput under

@@ -14,10 +14,12 @@ speaks three wire formats:
   function_call item); Codex.
 - Gemini: `POST .../models/M:streamGenerateContent?alt=sse`, `...:generateContent`
   and `...:countTokens` (text and functionCall parts); Gemini CLI.
+- OpenAI Chat Completions: `POST .../chat/completions` (SSE chunks when "stream" is
+  true, ending `data: [DONE]`; tool calls as `delta.tool_calls`); Qwen Code, Copilot CLI.
 
 Only "turn" requests consume the script: the ones a client makes to run the
-agent's conversation (an Anthropic request with tools, any Responses request, a
-Gemini streamGenerateContent). Side requests (titles, summaries, quota probes,
+agent's conversation (an Anthropic or Chat Completions request with tools, any
+Responses request, a Gemini streamGenerateContent). Side requests (titles, summaries, quota probes,
 routing and next-speaker checks) are recorded too but answered "ok" (or, when
 they ask for JSON by a schema, the smallest JSON that fits it), so they cannot
 eat a scripted tool call. A callback registered with `before(n, fn)` runs just before
@@ -91,6 +93,8 @@ def classify(path, body):
         return "anthropic", "turn" if body.get("tools") else "side"
     if path.startswith("/v1/responses"):
         return "openai", "turn"
+    if path.endswith("/chat/completions"):
+        return "chat", "turn" if body.get("tools") else "side"
     if ":streamGenerateContent" in path:
         return "gemini", "turn"
     if ":generateContent" in path:
@@ -147,6 +151,8 @@ def tool_names(request):
             continue
         if "name" in spec:                                   # anthropic, openai
             names.append(spec["name"])
+        if isinstance(spec.get("function"), dict):           # chat completions
+            names.append(spec["function"].get("name"))
         for declaration in spec.get("functionDeclarations") or []:   # gemini
             names.append(declaration.get("name"))
     return names
@@ -328,6 +334,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return self._json(self._anthropic_message(body, blocks))
             if api == "openai":
                 return self._openai_sse(body, blocks)
+            if api == "chat":
+                return self._chat(body, blocks)
             if api == "gemini":
                 if ":streamGenerateContent" in parsed.path:
                     return self._gemini_sse(body, blocks)
@@ -453,6 +461,34 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._event({"type": "response.completed",
                      "response": dict(base, status="completed", output=output, usage=usage)},
                     "response.completed")
+
+    # -- OpenAI Chat Completions ------------------------------------------------
+    def _chat(self, body, blocks):
+        said = "".join(block["text"] for block in blocks if "text" in block)
+        calls = [{"index": index, "id": self.model.next_id("call"), "type": "function",
+                  "function": {"name": block["tool"], "arguments": json.dumps(block["input"])}}
+                 for index, block in enumerate(b for b in blocks if "tool" in b)]
+        finish = "tool_calls" if calls else "stop"
+        base = {"id": self.model.next_id("chatcmpl"), "created": int(time.time()),
+                "model": body.get("model", "fake")}
+        usage = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
+        message = {"role": "assistant", "content": said or None}
+        if calls:
+            message["tool_calls"] = [{k: v for k, v in call.items() if k != "index"}
+                                     for call in calls]
+        if not body.get("stream"):
+            return self._json(dict(base, object="chat.completion", usage=usage, choices=[
+                {"index": 0, "message": message, "finish_reason": finish}]))
+        self._sse_start()
+        chunk = dict(base, object="chat.completion.chunk")
+        delta = {"role": "assistant", "content": said}
+        if calls:
+            delta["tool_calls"] = calls
+        self._event(dict(chunk, choices=[{"index": 0, "delta": delta, "finish_reason": None}]))
+        self._event(dict(chunk, choices=[{"index": 0, "delta": {}, "finish_reason": finish}],
+                         usage=usage))
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
 
     # -- Gemini -----------------------------------------------------------------
     def _gemini_chunk(self, blocks):
