@@ -5943,25 +5943,28 @@ COMMAND = object()          # where a hook entry's command line goes (HookClient
 
 SHELL_ENTRY = {"type": "command", "command": COMMAND, "timeout": 30}    # seconds
 HookClient = namedtuple("HookClient", "title files events user_first home context stop "
-                        "entry flat trouble trust wakes",
+                        "entry flat trouble trust wakes plugin",
                         defaults=(False, None, "nested", "block", SHELL_ENTRY, False,
-                                  "systemMessage", None, False))
+                                  "systemMessage", None, False, False))
 HookClient.__doc__ = """One coding client agora's hooks speak to, each fact said once.
 
 TITLE: its name for people. FILES: where its hooks live, (in a project, for the user),
 relative to the project or the home folder. EVENTS: (its event, agora's hook event)
-for each hook agora installs. USER_FIRST: hook install writes the user's file unless
-told --project. HOME: (an environment variable naming its home instead, the file
-under it) or None. CONTEXT: how it takes text at session start and beside a prompt:
-"nested" (hookSpecificOutput, named by its event), "top" (additionalContext at the
-top level) or None (it takes none). STOP: what its stop hook answers to go on: "block"
-or "deny" (a decision with the reason), or "followup" (a follow-up message). ENTRY:
-one handler's settings, the command line where COMMAND stands. FLAT: each event holds
-a list of the handlers themselves (in a file of version 1), not groups of them.
-TROUBLE: how a failing hook reaches the person: "systemMessage", "stderr" (its log
-only) or "exit 2" (a line on stderr). TRUST: (when: "always" or "project", the step
-the person must take) or None. WAKES: it wakes an idle session (Claude Code's
-asyncRewake)."""
+for each hook agora installs; a client takes nothing from a hook it lacks (Cursor
+has only stop). USER_FIRST: hook install writes the user's file unless told
+--project. HOME: (an environment variable naming its home instead, the file under
+it) or None. CONTEXT: how it takes text at session start and beside a prompt:
+"nested" (hookSpecificOutput, named by its event) or "top" (additionalContext at the
+top level). STOP: what its stop hook answers to go on: "block" or "deny" (a decision
+with the reason), or "followup" (a follow-up message). ENTRY: one handler's
+settings, the command line where COMMAND stands. FLAT: each event holds a list of
+the handlers themselves (in a file of version 1), not groups of them. TROUBLE: how a
+failing hook reaches the person: "systemMessage", "exit 2" (a line on stderr) or
+"stderr" (its log only; OpenCode's plugin passes it on). TRUST: (when: "always" or
+"project", the step the person must take) or None. WAKES: it wakes an idle session
+(Claude Code's asyncRewake, OpenCode's plugin). PLUGIN: it runs agora's plugin
+(OPENCODE_PLUGIN), which hook install writes whole at FILES and which runs the hook
+commands itself, instead of hooks in its settings (so no ENTRY)."""
 
 HOOK_CLIENTS = {
     "claude": HookClient(
@@ -5985,7 +5988,7 @@ HOOK_CLIENTS = {
                           "/permissions).")),
     "cursor": HookClient(
         "Cursor", (".cursor/hooks.json", ".cursor/hooks.json"), (("stop", "stop"),),
-        context=None, stop="followup", entry={"command": COMMAND, "loop_limit": 5},
+        stop="followup", entry={"command": COMMAND, "loop_limit": 5},
         flat=True, trouble="stderr"),
     "copilot": HookClient(
         "GitHub Copilot CLI", (".github/hooks/agora.json", ".copilot/hooks/agora.json"),
@@ -5999,9 +6002,16 @@ HOOK_CLIENTS = {
     "qwen": HookClient(
         "Qwen Code", (".qwen/settings.json", ".qwen/settings.json"),
         (("SessionStart", "session-start"), ("UserPromptSubmit", "prompt"), ("Stop", "stop"))),
+    "opencode": HookClient(
+        "OpenCode", (".opencode/plugins/agora.js", ".config/opencode/plugins/agora.js"),
+        (("experimental.chat.system.transform", "session-start"), ("chat.message", "prompt"),
+         ("session.idle", "wake")),
+        home=("XDG_CONFIG_HOME", "opencode/plugins/agora.js"), context="top", entry=None,
+        trouble="stderr", wakes=True, plugin=True),
 }
 COMMAND_KEYS = tuple(dict.fromkeys(key for client in HOOK_CLIENTS.values()
-                                   for key, value in client.entry.items() if value is COMMAND))
+                                   for key, value in (client.entry or {}).items()
+                                   if value is COMMAND))
 HOOK_TIMEOUT = 5            # seconds a hook may spend talking to agora: it runs on every prompt
 WAKE_TIMEOUT = 86400        # seconds hook wake waits for news, by default: past a night
 DEFAULT_BIN = "~/.local/bin"    # where install writes the agora command
@@ -6646,18 +6656,18 @@ def news_batches(link, tasks, deadline=None, peek=False):
 
 def hook_json(event, client, text):
     """Answer what CLIENT takes from a hook of EVENT to say TEXT, or None if it takes nothing
-    (HookClient's CONTEXT and STOP)."""
+    (HookClient's EVENTS, CONTEXT and STOP)."""
     facts = HOOK_CLIENTS[client]
+    theirs = next((theirs for theirs, ours in facts.events if ours == event), None)
+    if theirs is None:
+        return None
     if event == "stop":
         if facts.stop == "followup":
             return {"followup_message": text}
         return {"decision": facts.stop, "reason": text}
     if facts.context == "top":
         return {"additionalContext": text}
-    if facts.context == "nested":
-        name = next(theirs for theirs, ours in facts.events if ours == event)
-        return {"hookSpecificOutput": {"hookEventName": name, "additionalContext": text}}
-    return None
+    return {"hookSpecificOutput": {"hookEventName": theirs, "additionalContext": text}}
 
 
 def _hook_input():
@@ -6889,6 +6899,14 @@ def hook_entry(client, event, identity):
     return entry
 
 
+def plugin_source(client, identity):
+    """Answer agora's plugin for CLIENT (OPENCODE_PLUGIN), its hooks' command lines and the
+    wake's framing written in as JSON: data in the script, never code."""
+    hooks = {hook: hook_argv(hook, client, identity) for _, hook in HOOK_CLIENTS[client].events}
+    blanks = {"__HOOKS__": json.dumps(hooks), "__REWAKE__": json.dumps(REWAKE_MESSAGE)}
+    return re.sub("|".join(blanks), lambda blank: blanks[blank.group(0)], OPENCODE_PLUGIN)
+
+
 def is_agora_hook(entry):
     """Answer whether a settings ENTRY runs one of agora's hooks (as written now or before)."""
     import shlex
@@ -6963,18 +6981,26 @@ def _install_hooks(options):
         path = os.path.join(os.environ[facts.home[0]], facts.home[1])
     else:
         path = os.path.join(os.path.expanduser("~"), user)
-    settings = {}
+    found = None
     if os.path.isfile(path) and not os.path.islink(path):
         with open(path, encoding="utf-8") as f:
-            settings = parse_json_or_none(f.read() or "{}")
-    merged = merged_hooks(client, settings, identity) if isinstance(settings, dict) else None
-    if merged is None:
-        raise Conflict(f"{path} is not a JSON object of settings with lists of hooks; "
-                       "left untouched")
-    write_file(path, json.dumps(merged, indent=2, ensure_ascii=False) + "\n")
+            found = f.read()
+    if facts.plugin:
+        if found is not None and not found.startswith(OPENCODE_PLUGIN[:40]):
+            raise Conflict(f"{path} is not agora's plugin; left untouched")
+        text = plugin_source(client, identity)
+    else:
+        settings = parse_json_or_none(found or "{}")
+        merged = merged_hooks(client, settings, identity) if isinstance(settings, dict) else None
+        if merged is None:
+            raise Conflict(f"{path} is not a JSON object of settings with lists of hooks; "
+                           "left untouched")
+        text = json.dumps(merged, indent=2, ensure_ascii=False) + "\n"
+    write_file(path, text)
     cache_bytecode()
     events = ", ".join(dict.fromkeys(theirs for theirs, _ in facts.events))
-    print(f"agora hooks for {client} in {path}: {events} ({' '.join(identity)})")
+    print(f"agora {'plugin' if facts.plugin else 'hooks'} for {client} in {path}: {events} "
+          f"({' '.join(identity)})")
     if facts.trust and (facts.trust[0] == "always" or not for_user):
         print(f"next: {facts.trust[1]}")
     return 0
@@ -7908,6 +7934,105 @@ def web_page():
                   "frame-ancestors 'none'")
         web_page.built = (page.encode("utf-8"), policy)
     return web_page.built
+
+
+###############################################################################
+# OpenCode's plugin: agora's hooks where a client has none (inert data, last) #
+###############################################################################
+
+# hook install opencode writes this, with __HOOKS__ and __REWAKE__ filled in as JSON.
+OPENCODE_PLUGIN = r"""// agora's plugin for OpenCode, written by `agora hook install
+// opencode` (run that again to change it). It runs agora's hooks by the command lines
+// in HOOKS, each through agora's isolated launcher: the brief joins the system prompt,
+// news rides beside each prompt, and when a session goes idle one waiter (one per
+// agent) waits for news and wakes the session with it. Never in `opencode run`, which
+// ends at its first idle. What a hook could not do, it says in one line, which the
+// person is shown.
+import { spawn } from "node:child_process";
+
+const HOOKS = __HOOKS__;
+const REWAKE = __REWAKE__;
+const HOOK_TIMEOUT = 30000;     // ms the brief or a prompt's news may take
+const HEADLESS = process.argv.slice(2).find((word) => !word.startsWith("-")) === "run";
+
+function start(event) {
+  const [program, ...args] = HOOKS[event];
+  const child = spawn(program, args, { stdio: ["pipe", "pipe", "pipe"] });
+  const done = new Promise((resolve) => {
+    let out = "", err = "";
+    child.stdout.on("data", (data) => { out += data; });
+    child.stderr.on("data", (data) => { err += data; });
+    child.on("error", (error) => resolve({ code: null, out,
+                                           err: `agora hook: ${error.message}` }));
+    child.on("close", (code) => resolve({ code, out, err: err.trim() }));
+  });
+  child.stdin.on("error", () => {});
+  child.stdin.end("{}");
+  return { child, done };
+}
+
+export const AgoraPlugin = async ({ client }) => {
+  const briefs = new Map();     // session id: its brief, asked for once
+  const subagents = new Set();  // sessions a task started: their parent is the one woken
+  let waiter = null, idle = null;
+
+  function tell(line) {
+    if (!line) return;
+    if (HEADLESS) process.stderr.write(`${line}\n`);
+    else client.tui.showToast({ body: { message: line, variant: "warning" } }).catch(() => {});
+  }
+
+  async function context(event) {
+    const run = start(event);
+    const timer = setTimeout(() => run.child.kill(), HOOK_TIMEOUT);
+    const { out, err } = await run.done;
+    clearTimeout(timer);
+    tell(err.split("\n")[0]);
+    try { return JSON.parse(out).additionalContext || ""; } catch { return ""; }
+  }
+
+  function brief(session) {
+    if (!briefs.has(session)) briefs.set(session, context("session-start"));
+    return briefs.get(session);
+  }
+
+  function arm(session) {
+    if (HEADLESS || subagents.has(session)) return;
+    idle = session;
+    if (waiter) return;
+    waiter = start("wake");
+    waiter.done.then(({ code, err }) => {
+      waiter = null;
+      if (code !== 2) return tell(err.split("\n")[0]);
+      const parts = [{ type: "text", text: `${REWAKE}\n${err}` }];
+      client.session.promptAsync({ path: { id: idle }, body: { parts } })
+        .catch((error) => tell(`agora: the news could not wake the session: ${error}`));
+    });
+  }
+
+  process.on("exit", () => { if (waiter) waiter.child.kill(); });
+  return {
+    "experimental.chat.system.transform": async (input, output) => {
+      const text = input.sessionID ? await brief(input.sessionID) : "";
+      if (text) output.system.push(text);
+    },
+    "chat.message": async (input, output) => {
+      await brief(input.sessionID);
+      const text = await context("prompt");
+      const last = output.parts[output.parts.length - 1];     // ids sort in order
+      if (text && last) output.parts.push({ id: `${last.id}a`, sessionID: last.sessionID,
+                                            messageID: last.messageID, type: "text", text,
+                                            synthetic: true });
+    },
+    event: async ({ event }) => {
+      const info = event.properties && event.properties.info;
+      if (event.type === "session.created" && info && info.parentID) subagents.add(info.id);
+      if (event.type === "session.idle") arm(event.properties.sessionID);
+    },
+    dispose: async () => { if (waiter) waiter.child.kill(); },
+  };
+};
+"""
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ or pytest.
 
 import collections
 import contextlib
+import functools
 import http.client
 import io
 import json
@@ -1116,9 +1117,9 @@ class ValidationTest(StoreCase):
         import ast
         with open(AGORA, encoding="utf-8") as f:
             tree = ast.parse(f.read())
-        code = [node for node in tree.body if not (     # the page's HTML, CSS and JS aside
+        code = [node for node in tree.body if not (     # the page and the plugin aside
             isinstance(node, ast.Assign)
-            and getattr(node.targets[0], "id", "").startswith("WEB_"))]
+            and getattr(node.targets[0], "id", "").startswith(("WEB_", "OPENCODE_")))]
         texts = [node.value for top in code for node in ast.walk(top)
                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
                  and "<" not in node.value]
@@ -3672,16 +3673,19 @@ class CodeAgoraRunsTest(unittest.TestCase):
                                   "bob", "--db", self.db)
             self.assertEqual(done.returncode, 0, done.stderr)
             facts = agora.HOOK_CLIENTS[client]
-            path = os.path.join(self.project, facts.files[0])
-            key = next(k for k, v in facts.entry.items() if v is agora.COMMAND)
-            with open(path) as f:
-                text = json.load(f)["hooks"]
-            handlers = [h for entries in text.values() for entry in entries
-                        for h in (entry.get("hooks", [entry]))]
-            self.assertTrue(handlers)
-            for handler in handlers:
-                ran = self.shell(handler[key])
-                self.assertEqual((ran.returncode, ran.stderr), (0, ""), handler[key])
+            with open(os.path.join(self.project, facts.files[0])) as f:
+                text = f.read()
+            if facts.plugin:                    # its hooks' command lines, as data
+                hooks = re.search(r"^const HOOKS = (.*);$", text, re.M).group(1)
+                commands = [agora.shell_words(argv) for argv in json.loads(hooks).values()]
+            else:
+                key = next(k for k, v in facts.entry.items() if v is agora.COMMAND)
+                commands = [h[key] for entries in json.loads(text)["hooks"].values()
+                            for entry in entries for h in (entry.get("hooks", [entry]))]
+            self.assertTrue(commands)
+            for command in commands:
+                ran = self.shell(command)
+                self.assertEqual((ran.returncode, ran.stderr), (0, ""), command)
         agora.call(self.store, "post", {"body": f"for bob, by {script}"},
                    agora.Caller("alice", True))
         prompt = self.shell(self.launched(script, "hook", "prompt", "--as", "bob",
@@ -5499,6 +5503,7 @@ HOOK_INPUT = {
                 "stop_hook_active": False},
     "qwen": {"session_id": "s1", "transcript_path": "/tmp/t.jsonl", "cwd": "/tmp",
              "hook_event_name": "Stop", "stop_hook_active": False},
+    "opencode": {},                 # what agora's plugin gives every hook it runs
 }
 
 
@@ -5506,6 +5511,8 @@ def documented_shape(event, client):
     """Answer (keys, hookEventName or decision) the client documents for EVENT, or None."""
     if client == "cursor":
         return ({"followup_message"}, None) if event == "stop" else None
+    if client == "opencode":                # agora's plugin: no stop hook in OpenCode
+        return None if event == "stop" else ({"additionalContext"}, None)
     if event == "stop":
         return {"decision", "reason"}, "deny" if client == "gemini" else "block"
     if client == "copilot":                 # sessionStart, userPromptSubmitted
@@ -5698,8 +5705,9 @@ class HookTest(HookCase):
         self.assertEqual(self.hook("wake", "--as", "bob", "--timeout", "1"), (0, "", ""))
         self.assertLess(time.monotonic() - started, 10)
         os.remove(lock)
-        wake = subprocess.Popen(agora.agora_argv("hook", "wake", "--as", "bob", "--timeout",
-                                                 "60", "--db", self.db),
+        wake = subprocess.Popen(agora.agora_argv("hook", "wake", "--client", "opencode",
+                                                 "--as", "bob", "--timeout", "60",
+                                                 "--db", self.db),      # as its plugin runs it
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True,
                                 env=dict(os.environ, CLAUDE_CODE_ENTRYPOINT="cli",
@@ -5817,6 +5825,15 @@ class HookInstallTest(unittest.TestCase):
             found[event] = [handler for handler in handlers if agora.is_agora_hook(handler)]
         return found
 
+    def written(self, client, user=False):
+        """Answer {agora's hook event: the command line that runs it} from CLIENT's file:
+        the hooks in its settings, or the HOOKS of agora's plugin."""
+        text = self.read(client, user)
+        if agora.HOOK_CLIENTS[client].plugin:
+            return json.loads(re.search(r"^const HOOKS = (.*);$", text, re.M).group(1))
+        return {argv[7]: argv for handlers in self.handlers(client, json.loads(text)).values()
+                for argv in map(functools.partial(self.argv, client), handlers)}
+
     @staticmethod
     def argv(client, handler):
         """Answer the words of the program HANDLER's command execs: one shell string, for
@@ -5929,7 +5946,8 @@ class HookInstallTest(unittest.TestCase):
             with self.subTest(client):
                 done = self.install(client, "--user", "--as", "bob")
                 self.assertEqual(done.returncode, 0, done.stderr)
-                self.assertTrue(self.handlers(client, json.loads(self.read(client, user=True))))
+                self.assertIn("prompt" if client != "cursor" else "stop",
+                              self.written(client, user=True))
                 self.assertFalse(os.path.exists(self.path(client)))
         codex_home = os.path.join(self.dir, "codex-home")
         done = self.install("codex", "--user", "--as", "bob", env={"CODEX_HOME": codex_home})
@@ -5953,6 +5971,32 @@ class HookInstallTest(unittest.TestCase):
                       done.stdout)
         both = self.install("copilot", "--user", "--project", "--as", "bob")
         self.assertEqual(both.returncode, 2, both.stderr)
+
+    def test_opencode_gets_agoras_plugin_with_its_hooks_as_data(self):
+        self.db = os.path.join(self.dir, "__REWAKE__", "agora.db")    # a blank's name
+        done = self.install("opencode", "--as", "bob", "--db", self.db)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn(os.path.join(".opencode", "plugins", "agora.js"), done.stdout)
+        plugin = self.read("opencode")
+        self.assertTrue(plugin.startswith("// agora's plugin for OpenCode"))
+        self.assertEqual(self.written("opencode"), {
+            event: agora.hook_argv(event, "opencode", ["--as", "bob", "--db", self.db])
+            for event in ("session-start", "prompt", "wake")})
+        self.assertIn(f"const REWAKE = {json.dumps(agora.REWAKE_MESSAGE)};", plugin)
+        self.assertNotIn("__HOOKS__", plugin)
+        for hook in ("experimental.chat.system.transform", "chat.message", "session.idle",
+                     "promptAsync"):
+            self.assertIn(hook, plugin)
+        config = os.path.join(self.dir, "config")
+        done = self.install("opencode", "--user", "--as", "bob", env={"XDG_CONFIG_HOME": config})
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(os.listdir(os.path.join(config, "opencode", "plugins")), ["agora.js"])
+        with open(self.path("opencode"), "w") as f:
+            f.write("export const Mine = async () => ({});\n")
+        done = self.install("opencode", "--as", "bob")
+        self.assertEqual(done.returncode, 1, done.stderr)
+        self.assertIn("is not agora's plugin; left untouched", done.stderr)
+        self.assertEqual(self.read("opencode"), "export const Mine = async () => ({});\n")
 
     def test_a_file_agora_cannot_understand_is_left_untouched(self):
         for client, text in (("claude", "{not json"), ("claude", "[1, 2]"),
