@@ -28,7 +28,7 @@ clean:
 # Real third-party clients against a real server: the official MCP Python SDK,
 # the MCP Inspector CLI, the MCP conformance suite, the A2A SDK, the A2A test
 # kit, the coding clients themselves (Claude Code, Codex CLI, Gemini CLI, Qwen Code,
-# GitHub Copilot CLI) end to end against a fake model API on loopback, and
+# GitHub Copilot CLI, OpenCode) end to end against a fake model API on loopback, and
 # Litestream replicating the file.
 # They live in .interop/ (git-ignored, throwaway); agora.py never depends on them.
 # The A2A test kit (a2aproject/a2a-tck, branch 1.0-dev) is published on neither
@@ -43,6 +43,7 @@ CODEX = 0.171.0
 GEMINI_CLI = 0.61.0
 QWEN_CODE = 0.24.4
 COPILOT_CLI = 1.0.102
+OPENCODE = 1.18.33
 LITESTREAM = 0.5.17
 NPM_FLAGS = --no-audit --no-fund --no-update-notifier --loglevel=error
 A2A_TCK ?= $(wildcard ../shared/kits/a2a-tck-1.0-dev.tar.gz)
@@ -84,6 +85,11 @@ $(INTEROP)/ready: Makefile
 	    --cache $(INTEROP)/npm-cache --ignore-scripts @qwen-code/qwen-code@$(QWEN_CODE)
 	$(WITH_NODE) npm install --prefix $(INTEROP)/copilot $(NPM_FLAGS) \
 	    --cache $(INTEROP)/npm-cache --ignore-scripts @github/copilot@$(COPILOT_CLI)
+	$(WITH_NODE) npm install --prefix $(INTEROP)/opencode $(NPM_FLAGS) \
+	    --cache $(INTEROP)/npm-cache --ignore-scripts opencode-ai@$(OPENCODE)
+	# the package OpenCode installs into each folder holding a plugin, copied into each run's
+	$(WITH_NODE) npm install --prefix $(INTEROP)/opencode-config $(NPM_FLAGS) \
+	    --cache $(INTEROP)/npm-cache --ignore-scripts @opencode-ai/plugin@$(OPENCODE)
 	touch $@
 
 # Speed and memory against floors measured in the same run, the throughput under

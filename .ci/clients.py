@@ -1,4 +1,5 @@
-"""make interop, the coding clients: real Claude Code, Codex and Gemini CLI, end to end.
+"""make interop, the coding clients: real Claude Code, Codex, Gemini CLI, Qwen Code,
+GitHub Copilot CLI and OpenCode, end to end.
 
 Each client runs for real against a fake model API on loopback (.ci/fake_model.py)
 and a scratch agora database, and each check looks at what reached "the model"
@@ -11,6 +12,10 @@ and a scratch agora database, and each check looks at what reached "the model"
   as fast as without them;
 - an idle interactive Claude Code (in a pseudo-terminal) wakes within 2 s for a
   message posted from another process, once per message, and again after its stop;
+  so does OpenCode's TUI, through agora's plugin, which also wakes it with a message
+  posted mid-turn as the turn ends (it has no stop hook), and none in `opencode run`;
+- Copilot CLI in a trusted repository with Claude Code's hooks (hook install claude)
+  runs them with no fault in its log, and takes the brief from them;
 - MCP round trips over stdio and HTTP: a tool result carrying the message reaches
   the model, and the model's post lands in agora;
 - a hook that cannot reach agora tells the person in one line, wherever the client
@@ -29,16 +34,20 @@ How each client is made to run here (no login, no dialog, no network):
 - Qwen Code: OPENAI_BASE_URL and --auth-type openai (Chat Completions).
 - GitHub Copilot CLI: COPILOT_PROVIDER_BASE_URL (Chat Completions), offline, no
   auto-update; agora's hooks in the user's file, which needs no folder trust.
+- OpenCode: a provider at the fake model's Chat Completions in opencode.json, no
+  auto-update, sharing or downloads; the plugin package it would install into each
+  folder holding a plugin (~20 s a run) copied in from opencode-config/.
 
 The clients are found under $AGORA_CLIENTS (default .interop/, as `make interop`
 installs them): claude/node_modules/@anthropic-ai/claude-code-linux-x64/claude,
-codex/node_modules/@openai/codex-linux-x64/vendor/*/bin/codex and
-gemini/node_modules/@google/gemini-cli/bundle/gemini.js,
-qwen/node_modules/@qwen-code/qwen-code/cli-entry.js (both run with the `node` on PATH)
-and copilot/node_modules/@github/copilot-linux-x64/copilot. A client that is not installed is one failing check. $AGORA_PY names the
-agora.py under test (default the one beside this folder). The hook files are
-written as a person writes them, by `agora.py hook install CLIENT`. Arguments name
-the clients to run (default all).
+codex/node_modules/@openai/codex-linux-x64/vendor/*/bin/codex,
+gemini/node_modules/@google/gemini-cli/bundle/gemini.js and
+qwen/node_modules/@qwen-code/qwen-code/cli-entry.js (both run with the `node` on
+PATH), copilot/node_modules/@github/copilot-linux-x64/copilot and
+opencode/node_modules/opencode-linux-x64/bin/opencode. A client that is not
+installed is one failing check. $AGORA_PY names the agora.py under test (default
+the one beside this folder). The hook files are written as a person writes them,
+by `agora.py hook install CLIENT`. Arguments name the clients to run (default all).
 
 Every client run gets a scratch HOME (and CODEX_HOME), an environment with nothing
 of the machine's user in it, only loopback addresses to talk to (update checks,
@@ -291,21 +300,30 @@ def write_hooks(client, scratch, name, url=None):
 
 def rewrite_hooks(path, change):
     """Give each of agora's hooks in the hook file at PATH the shell command
-    CHANGE(command, event) answers (Claude Code's exec form becomes a command line)."""
+    CHANGE(command, event) answers (Claude Code's exec form becomes a command line;
+    OpenCode's plugin runs `sh -c` of it)."""
     with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    for groups in data["hooks"].values():
-        for group in groups:
-            for handler in group.get("hooks", [group]):
-                key = "bash" if "bash" in handler else "command"        # Copilot's: bash
-                words = ([handler[key]] + handler["args"] if "args" in handler
-                         else shlex.split(handler[key]))
-                if "hook" not in words:
-                    continue
-                handler.pop("args", None)
-                handler[key] = change(shlex.join(words), words[words.index("hook") + 1])
+        source = f.read()
+    if path.endswith(".js"):
+        line = re.search(r"^const HOOKS = (.*);$", source, re.M)
+        hooks = {event: ["sh", "-c", change(shlex.join(argv), event)]
+                 for event, argv in json.loads(line.group(1)).items()}
+        source = source.replace(line.group(0), f"const HOOKS = {json.dumps(hooks)};")
+    else:
+        data = json.loads(source)
+        for groups in data["hooks"].values():
+            for group in groups:
+                for handler in group.get("hooks", [group]):
+                    key = "bash" if "bash" in handler else "command"    # Copilot's: bash
+                    words = ([handler[key]] + handler["args"] if "args" in handler
+                             else shlex.split(handler[key]))
+                    if "hook" not in words:
+                        continue
+                    handler.pop("args", None)
+                    handler[key] = change(shlex.join(words), words[words.index("hook") + 1])
+        source = json.dumps(data, indent=2)
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
+        f.write(source)
 
 
 # -- the clients ------------------------------------------------------------------
@@ -538,9 +556,52 @@ class Copilot(Client):
                     COPILOT_PROVIDER_BASE_URL=model.url + "/v1",
                     COPILOT_PROVIDER_API_KEY="sk-fake", COPILOT_MODEL="gpt-4.1")
 
-    def headless(self, scratch, model, prompt, timeout=RUN_TIMEOUT, extra=()):
+    def headless(self, scratch, model, prompt, timeout=RUN_TIMEOUT, extra=(), mcp=None):
+        if mcp:
+            scratch.write(".copilot/mcp-config.json", {"mcpServers": mcp})
         return run(self.program() + ["-p", prompt, "--allow-all-tools", *extra],
                    scratch.project, self.env(scratch, model), timeout)
+
+
+class OpenCode(Client):
+    """OpenCode 1.18.33: a provider "fake" (@ai-sdk/openai-compatible) at the fake model's
+    Chat Completions in $HOME/.config/opencode/opencode.json, no auto-update, sharing,
+    models fetch or LSP download; agora's plugin in the project's .opencode/plugins
+    (hook install opencode). OpenCode installs its plugin package into each folder that
+    holds plugins (~20 s); a copy of it from opencode-config/ (as `make interop`
+    installs it) spares each run that."""
+
+    name = "opencode"
+
+    def program(self):
+        return [os.path.join(CLIENTS, "opencode", "node_modules", "opencode-linux-x64", "bin",
+                             "opencode")]
+
+    def env(self, scratch, model):
+        return dict(base_env(scratch), FAKE_BASE_URL=model.url + "/v1",
+                    OPENCODE_DISABLE_MODELS_FETCH="1", OPENCODE_DISABLE_AUTOUPDATE="1",
+                    OPENCODE_DISABLE_LSP_DOWNLOAD="1", OPENCODE_DISABLE_SHARE="1")
+
+    def prepare(self, scratch, model, mcp=None):
+        package = os.path.join(CLIENTS, "opencode-config")
+        for folder in (os.path.join(scratch.home, ".config", "opencode"),
+                       os.path.join(scratch.project, ".opencode")):
+            if not os.path.isdir(os.path.join(folder, "node_modules")):
+                shutil.copytree(package, folder, dirs_exist_ok=True, symlinks=True)
+        config = {"provider": {"fake": {"npm": "@ai-sdk/openai-compatible",
+                                        "options": {"baseURL": "{env:FAKE_BASE_URL}",
+                                                    "apiKey": "sk-fake"},
+                                        "models": {"fake-model": {"tool_call": True}}}},
+                  "model": "fake/fake-model", "small_model": "fake/fake-model",
+                  "autoupdate": False, "share": "disabled"}
+        if mcp:
+            config["mcp"] = mcp
+        scratch.write(".config/opencode/opencode.json", config)
+
+    def headless(self, scratch, model, prompt, timeout=RUN_TIMEOUT, extra=(), mcp=None):
+        self.prepare(scratch, model, mcp)
+        return run(self.program() + ["run", *extra, prompt], scratch.project,
+                   self.env(scratch, model), timeout)
 
 
 # -- reading what reached the model ------------------------------------------------
@@ -568,13 +629,19 @@ def added_text(request, previous):
                      for item in conversation(request)[len(conversation(previous)):])
 
 
-def chain_after_session_start(path, argv):
+def chain_after_session_start(path, argv, log, prompt_after=0):
     """Make the session-start hook in the hook file at PATH run ARGV right after it, in
     the same command: so a message can arrive after the brief and before the prompt
     (the brief marks what it reports as told, and a headless run has no gap between
-    its start and its prompt)."""
-    rewrite_hooks(path, lambda command, event: command if event != "session-start"
-                  else f"({command}); {shlex.join(argv)} >/dev/null 2>&1")   # it execs
+    its start and its prompt); the prompt hook starts PROMPT_AFTER s late. Each hook
+    first adds its event's name to the file LOG, as a line."""
+    def change(command, event):
+        if event == "session-start":
+            command = f"({command}); {shlex.join(argv)} >/dev/null 2>&1"     # it execs
+        elif event == "prompt" and prompt_after:
+            command = f"sleep {prompt_after}; {command}"
+        return f"echo {event} >> {shlex.quote(log)}; {command}"
+    rewrite_hooks(path, change)
 
 
 def post_argv(db, to, body, sender="bob"):
@@ -609,24 +676,39 @@ class Session:
 
 # -- scenarios --------------------------------------------------------------------
 
+def ended_well(label, done, model):
+    """Check that the run DONE ended by itself with exit 0 after a model request; answer
+    the turn requests (none when it did not)."""
+    turns = model.turns()
+    ok = check(f"{label}: the run ends by itself with exit 0 and a request",
+               not done.timed_out and done.returncode == 0 and turns, done)
+    return turns if ok else []
+
+
 def hooks_session(client, base):
     """The brief in request 1, news next to the prompt, a stop continuation: one run.
 
     The session-start hook is followed by a post (a message arriving after the brief,
     before the prompt); the fake model's callback posts a second message before it
-    answers request 1, which the stop hook must turn into request 2, once."""
+    answers request 1, which the stop hook must turn into request 2, once. A client
+    with no stop hook (OpenCode) ends after request 1: its waiter, not headless, takes
+    the second message (opencode_interactive_wake)."""
     label = f"{client.name} hooks"
     name = f"{client.name}-agent"
+    stops = any(ours == "stop" for _, ours in under_test().HOOK_CLIENTS[client.name].events)
     with Session(base, f"{client.name}-hooks") as (scratch, model):
         agora(scratch.db, "brief", "--as", name)
         path = write_hooks(client.name, scratch, name)
+        # Copilot CLI runs its prompt hook beside the session-start one, at once in a
+        # headless run; a person types the prompt later: so does this run
+        log = os.path.join(scratch.root, "hooks.log")
         chain_after_session_start(path, post_argv(scratch.db, name,
-                                                  "NEWS-BEFORE-PROMPT please review PR 7"))
+                                                  "NEWS-BEFORE-PROMPT please review PR 7"),
+                                  log, prompt_after=2 if client.name == "copilot" else 0)
         model.before(1, lambda request: dm(scratch.db, name, "NEWS-MID-TURN main is red"))
         done = client.headless(scratch, model, "PROMPT-7 hello")
-        turns = model.turns()
-        if not check(f"{label}: the run ends by itself with exit 0 and a request",
-                     not done.timed_out and done.returncode == 0 and turns, done):
+        turns = ended_well(label, done, model)
+        if not turns:
             return
         first = request_text(turns[0])
         brief = f"{name} (no status"
@@ -636,21 +718,50 @@ def hooks_session(client, base):
                                        "still the one Codex computes?")
         note(f"brief: {fragment(first, brief, 150)!r}")
         beside = text_from(turns[0], "PROMPT-7")
-        if client.name == "copilot":    # it runs sessionStart and userPromptSubmitted at once:
-            note("prompt news not checked: Copilot CLI runs the prompt hook beside the "
-                 "session-start one, so the message the latter posts races it")
-        else:
-            check(f"{label}: request 1 carries the news next to the prompt",
-                  "NEWS-BEFORE-PROMPT" in beside, beside[-400:])
-            note(f"prompt news: {fragment(beside, 'NEWS-BEFORE-PROMPT', 160)!r}")
-        second = added_text(turns[1], turns[0]) if len(turns) > 1 else ""
-        check(f"{label}: the stop hook continues the turn with the mid-turn message",
-              "NEWS-MID-TURN" in second, [len(turns), second[-300:]])
-        note(f"continuation: {fragment(second, 'NEWS-MID-TURN', 220)!r}")
-        check(f"{label}: one continuation, then the run stops", len(turns) == 2,
-              f"{len(turns)} requests")
+        check(f"{label}: request 1 carries the news next to the prompt",
+              "NEWS-BEFORE-PROMPT" in beside, beside[-400:])
+        note(f"prompt news: {fragment(beside, 'NEWS-BEFORE-PROMPT', 160)!r}")
+        if stops:
+            second = added_text(turns[1], turns[0]) if len(turns) > 1 else ""
+            check(f"{label}: the stop hook continues the turn with the mid-turn message",
+                  "NEWS-MID-TURN" in second, [len(turns), second[-300:]])
+            note(f"continuation: {fragment(second, 'NEWS-MID-TURN', 220)!r}")
+        check(f"{label}: {'one continuation, then' if stops else 'no stop hook:'} the run "
+              "stops", len(turns) == (2 if stops else 1), f"{len(turns)} requests")
+        with open(log, encoding="utf-8") as f:
+            hooks_run = f.read().split()
+        if not stops:                   # a waiter there would wait for a run that ended
+            check(f"{label}: the headless run starts no waiter", "wake" not in hooks_run,
+                  hooks_run)
         note(f"wall {done.wall:.1f}s, {len(model.requests)} requests "
-             f"({len(turns)} turns)")
+             f"({len(turns)} turns), hooks run: {', '.join(hooks_run)}")
+
+
+def copilot_runs_claude_hooks(client, base):
+    """A repository with agora's Claude Code hooks only (hook install claude), in a folder
+    Copilot CLI trusts: Copilot runs them too, as shell strings, and must get its own
+    answer shape from them (the brief in request 1) with nothing failing in its log."""
+    label = "copilot in a repo with claude's hooks"
+    name = "claude-agent"
+    with Session(base, "copilot-claude-hooks") as (scratch, model):
+        agora(scratch.db, "brief", "--as", name)
+        write_hooks("claude", scratch, name)
+        scratch.write(".copilot/config.json", {"trustedFolders": [scratch.project]})
+        done = client.headless(scratch, model, "PROMPT-9 hello")
+        turns = ended_well(label, done, model)
+        if not turns:
+            return
+        first = request_text(turns[0])
+        check(f"{label}: request 1 carries the brief", f"{name} (no status" in first,
+              first[-300:])
+        logs = ""
+        for path in glob.glob(os.path.join(scratch.home, ".copilot", "logs", "*")):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                logs += f.read()
+        failed = re.findall(r"\[ERROR\] \[rust:hooks\].*", logs)   # how a failing hook is logged
+        check(f"{label}: no hook fails in its log", "Loading repo hooks" in logs and not failed,
+              failed[:3] or "it loaded no repository hooks")
+        note(f"wall {done.wall:.1f}s, {len(turns)} turns, {len(logs.splitlines())} log lines")
 
 
 def claude_print_speed(client, base):
@@ -705,25 +816,34 @@ class McpScript:
     """The fake model's side of an MCP round trip: call agora's read, then post, then
     say "done". Each tool is named as CLIENT offers it: Claude Code's
     mcp__agora__read (first loaded through ToolSearch while it is deferred), Codex's
-    read in the namespace tool mcp__agora, Gemini CLI's mcp_agora_read."""
+    read in the namespace tool mcp__agora, Gemini CLI's mcp_agora_read, Qwen Code's
+    mcp__agora__read (deferred: looked up with tool_search, then run by tool_call),
+    Copilot CLI's agora-read, OpenCode's agora_read."""
+
+    NAMES = {"claude": "mcp__agora__{}", "gemini": "mcp_agora_{}", "qwen": "mcp__agora__{}",
+             "copilot": "agora-{}", "opencode": "agora_{}"}
 
     def __init__(self, client):
         self.client, self.steps = client, [("read", {}), ("post", {"body": "POSTED-BY-MODEL"})]
+        self.searched = False
 
     def __call__(self, request):
         if not self.steps:
             return "done"
         name, arguments = self.steps[0]
-        if self.client.name == "claude":
-            wanted = f"mcp__agora__{name}"
-            if wanted not in tool_names(request):
-                return tool("ToolSearch", {"query": "select:mcp__agora__read,mcp__agora__post",
-                                           "max_results": 5})
-            reply = tool(wanted, arguments)
-        elif self.client.name == "codex":
+        client = self.client.name
+        if client == "codex":
             reply = tool(name, arguments, namespace="mcp__agora")
         else:
-            reply = tool(f"mcp_agora_{name}", arguments)
+            wanted = self.NAMES[client].format(name)
+            if client == "claude" and wanted not in tool_names(request):
+                return tool("ToolSearch", {"query": "select:mcp__agora__read,mcp__agora__post",
+                                           "max_results": 5})
+            if client == "qwen" and not self.searched:
+                self.searched = True
+                return tool("tool_search", {"query": "select:mcp__agora__read,mcp__agora__post"})
+            reply = (tool("tool_call", {"name": wanted, "arguments": arguments})
+                     if client == "qwen" else tool(wanted, arguments))
         self.steps.pop(0)
         return reply
 
@@ -733,22 +853,26 @@ def client_add_mcp(client, scratch, model, name, server, token):
     or HTTP (SERVER's /mcp with TOKEN as a bearer header). Answer (whether `claude mcp
     add` took it, None for the others: their config goes in with the run; the config)."""
     stdio = [PYTHON, AGORA, "stdio", "--as", name, "--db", scratch.db]
+    url, headers = server and server.url + "/mcp", {"Authorization": f"Bearer {token}"}
     if client.name == "claude":
         if server:
-            done = client.mcp_add(scratch, model, "--transport", "http", "agora",
-                                  server.url + "/mcp", "--header",
-                                  f"Authorization: Bearer {token}")
+            done = client.mcp_add(scratch, model, "--transport", "http", "agora", url,
+                                  "--header", f"Authorization: Bearer {token}")
         else:
             done = client.mcp_add(scratch, model, "agora", "--", *stdio)
         return done.returncode == 0, done
     if client.name == "codex":
-        config = ({"url": server.url + "/mcp", "http_headers": {"Authorization":
-                                                                f"Bearer {token}"}}
-                  if server else {"command": stdio[0], "args": stdio[1:]})
-    else:
-        config = ({"httpUrl": server.url + "/mcp", "headers": {"Authorization":
-                                                               f"Bearer {token}"}}
-                  if server else {"command": stdio[0], "args": stdio[1:]})
+        config = ({"url": url, "http_headers": headers} if server
+                  else {"command": stdio[0], "args": stdio[1:]})
+    elif client.name == "copilot":
+        config = dict({"type": "http", "url": url, "headers": headers} if server else
+                      {"type": "local", "command": stdio[0], "args": stdio[1:]}, tools=["*"])
+    elif client.name == "opencode":
+        config = dict({"type": "remote", "url": url, "headers": headers} if server else
+                      {"type": "local", "command": stdio}, enabled=True)
+    else:                               # Gemini CLI and its fork, Qwen Code
+        config = ({"httpUrl": url, "headers": headers} if server
+                  else {"command": stdio[0], "args": stdio[1:]})
         config["trust"] = True          # no confirmation: -p cannot ask
     return None, {"agora": config}
 
@@ -858,6 +982,42 @@ def wait_until(predicate, timeout, step=0.05):
         time.sleep(step)
 
 
+# What a TUI shows once it takes a prompt, and what quits it
+READY_TEXT = {"claude": "shift+tab to cycle", "codex": "Ask Codex to do anything",
+              "opencode": "Ask anything"}
+GOODBYE = {"claude": "/exit\r", "codex": "\x03\x03", "opencode": "\x03\x03"}
+
+
+def woken(label, model, db, name, round_, token):
+    """Post TOKEN to NAME from another process; answer whether it started a model request
+    within 2 s (checked, and the latency noted), and for ROUND_ 1 check that the model
+    reads it as news from other agents."""
+    posted = time.monotonic()
+    dm(db, name, token)
+    hit = model.wait_for(lambda r: r["kind"] == "turn" and token in request_text(r), 10)
+    latency = hit["monotonic"] - posted if hit else None
+    note(f"wake {round_}: request {f'{latency:.2f}s' if hit else 'never'} after the post")
+    if not check(f"{label}: message {round_} wakes it within 2 s", hit and latency <= 2,
+                 f"{latency}"):
+        return False
+    if round_ == 1:
+        seen = request_text(hit)
+        note(f"as the model sees it: {fragment(seen, token, 360)!r}")
+        check(f"{label}: the model reads the wake as news from other agents",
+              "News from other agents in agora" in seen
+              and "Stop hook blocking error" not in seen, seen[-500:])
+    return True
+
+
+def reached_once(label, model, before, round_, token):
+    """Check that one request came after the BEFORE first ones, carrying TOKEN once."""
+    turns = model.turns()
+    copies = request_text(turns[-1]).count(token)
+    check(f"{label}: message {round_} reaches the model once",
+          len(turns) == before + 1 and copies == 1,
+          f"{len(turns) - before} new requests, {copies} copies")
+
+
 def claude_interactive_wake(client, base):
     """Idle interactive Claude Code with agora's hooks: a message posted from another
     process must start a model request within 2 s carrying it, once; after that
@@ -882,35 +1042,72 @@ def claude_interactive_wake(client, base):
                   [t["turn"] for t in model.turns()])
             for round_, token in enumerate(("WAKE-ONE ping", "WAKE-TWO pong"), 1):
                 before, old = len(model.turns()), waiters()
-                posted = time.monotonic()
-                dm(scratch.db, name, token)
-                hit = model.wait_for(lambda r: r["kind"] == "turn"
-                                     and token in request_text(r), 10)
-                latency = hit["monotonic"] - posted if hit else None
-                note(f"wake {round_}: request {f'{latency:.2f}s' if hit else 'never'} "
-                     f"after the post")
-                if not check(f"{label}: message {round_} wakes it within 2 s",
-                             hit and latency <= 2, f"{latency}"):
+                if not woken(label, model, scratch.db, name, round_, token):
                     return
-                if round_ == 1:
-                    seen = request_text(hit)
-                    note(f"as the model sees it: {fragment(seen, token, 420)!r}")
-                    check(f"{label}: the model reads the wake as news from other agents",
-                          "News from other agents in agora" in seen
-                          and "Stop hook blocking error" not in seen, seen[-500:])
                 # the turn ends; its stop arms a new waiter; nothing else may come
                 rearmed = wait_until(lambda: waiters() - old, 10)
                 time.sleep(2.0)
-                turns = model.turns()
-                copies = request_text(turns[-1]).count(token)
-                check(f"{label}: message {round_} reaches the model once",
-                      len(turns) == before + 1 and copies == 1,
-                      f"{len(turns) - before} new requests, {copies} copies")
+                reached_once(label, model, before, round_, token)
                 check(f"{label}: after that turn's stop a new waiter is armed",
                       rearmed and len(waiters()) == 1, waiters())
             status = terminal.quit("/exit\r")
             left = not wait_until(lambda: not waiters(), 3)
             check(f"{label}: /exit ends it and leaves no waiter behind",
+                  status is not None and not left, f"exit {status}, waiters {waiters()}")
+        finally:
+            terminal.close()
+
+
+def opencode_interactive_wake(client, base):
+    """Interactive OpenCode (its TUI) with agora's plugin. It has no stop hook: a message
+    posted mid-turn must start the next request as soon as the turn ends, through the
+    waiter the plugin arms at idle; then a message posted while idle must start a request
+    within 2 s, once, read as news from other agents, and again for a second message
+    after that turn; quitting must leave no waiter behind."""
+    label = "opencode interactive"
+    name = "opencode-tty"
+    with Session(base, "opencode-tty") as (scratch, model):
+        agora(scratch.db, "brief", "--as", name)
+        write_hooks("opencode", scratch, name)
+        client.prepare(scratch, model)
+        model.before(1, lambda request: dm(scratch.db, name, "NEWS-MID-TURN main is red"))
+
+        def waiters():
+            return set(processes_naming(scratch.root, "hook", "wake"))
+        terminal = Terminal(client.program(), scratch.project, client.env(scratch, model))
+        try:
+            if not check(f"{label}: shows its prompt", terminal.wait_for_text(
+                    READY_TEXT["opencode"], 30), terminal.screen()[-600:]):
+                return
+            time.sleep(1.0)
+            terminal.submit("PROMPT-8 hello")
+            for _ in range(3):              # a TUI still loading drops the Enter: again
+                if model.wait_turns(1, 4):
+                    break
+                terminal.type("\r")
+            hit = model.wait_for(lambda r: r["kind"] == "turn"
+                                 and "NEWS-MID-TURN" in request_text(r), 10)
+            turns = model.turns()
+            gap = hit and hit["monotonic"] - turns[0]["monotonic"]
+            check(f"{label}: a message posted mid-turn starts the next request when the "
+                  "turn ends", hit and hit is turns[1], [len(turns), gap])
+            if not hit:
+                return
+            note(f"mid-turn message: request 2 came {gap:.2f}s after request 1")
+            for round_, token in enumerate(("WAKE-ONE ping", "WAKE-TWO pong"), 1):
+                armed = wait_until(waiters, 10)
+                time.sleep(1.0)             # the turn has ended; its waiter waits
+                before = len(model.turns())
+                if not check(f"{label}: idle, with one waiter armed ({round_})",
+                             armed and len(waiters()) == 1, waiters()):
+                    return
+                if not woken(label, model, scratch.db, name, round_, token):
+                    return
+                time.sleep(2.0)
+                reached_once(label, model, before, round_, token)
+            status = terminal.quit(GOODBYE["opencode"])
+            left = not wait_until(lambda: not waiters(), 3)
+            check(f"{label}: quitting ends it and leaves no waiter behind",
                   status is not None and not left, f"exit {status}, waiters {waiters()}")
         finally:
             terminal.close()
@@ -943,19 +1140,13 @@ def person_sees(client, done):
     return "\n".join(shown)
 
 
-READY_TEXT = {"claude": "shift+tab to cycle", "codex": "Ask Codex to do anything"}
-
-
 def interactive_screen(client, scratch, model, prompt="hello there"):
     """Start CLIENT's TUI in the project, submit PROMPT, wait for the turn to end;
     answer what the screen showed (or None when it never got to the prompt)."""
-    if client.name == "claude":
-        client.prepare(scratch, model)
-    else:
-        client.config(scratch, model)
+    (client.config if client.name == "codex" else client.prepare)(scratch, model)
     terminal = Terminal(client.program(), scratch.project, client.env(scratch, model))
     try:
-        if not terminal.wait_for_text(READY_TEXT[client.name], 20):
+        if not terminal.wait_for_text(READY_TEXT[client.name], 30):
             return None
         time.sleep(1.0)
         terminal.submit(prompt)
@@ -966,15 +1157,13 @@ def interactive_screen(client, scratch, model, prompt="hello there"):
         time.sleep(2.5)                 # the turn's answer and its stop hooks
         return terminal.screen()
     finally:
-        terminal.close("\x03\x03" if client.name == "codex" else "/exit\r")
+        terminal.close(GOODBYE[client.name])
 
 
-def shown_to_person(client, base):
-    """Where CLIENT shows a hook's systemMessage and its stderr (a probe hook that
-    prints both), then whether a hook that cannot reach agora says so to the person
-    in one line, while the session still reaches the model."""
-    faces = ["headless"] + (["tui"] if client.name in READY_TEXT else [])
-    surfaces = set()                    # the faces that show a hook's systemMessage
+def probed_surfaces(client, base, faces):
+    """Answer the FACES of CLIENT that show a hook's systemMessage, learnt with a probe
+    hook that prints a systemMessage, then one that prints on stderr (noted too)."""
+    surfaces = set()
     for face in faces:
         for kind in ("SYSTEM-MESSAGE", "STDERR"):   # a systemMessage alone; stderr alone
             with Session(base, f"{client.name}-probe-{face}") as (scratch, model):
@@ -994,6 +1183,18 @@ def shown_to_person(client, base):
                      f"for: {', '.join(where) or 'no event'}" + (f", as {how!r}" if how else ""))
                 if kind == "SYSTEM-MESSAGE" and where:
                     surfaces.add(face)
+    return surfaces
+
+
+def shown_to_person(client, base):
+    """Where CLIENT shows a hook's systemMessage and its stderr (a probe hook that
+    prints both), then whether a hook that cannot reach agora says so to the person
+    in one line, while the session still reaches the model. A client agora tells
+    another way (Copilot CLI: exit 2 with the line on stderr; OpenCode: agora's plugin)
+    must show it on every face."""
+    faces = ["headless"] + (["tui"] if client.name in READY_TEXT else [])
+    told_by = under_test().HOOK_CLIENTS[client.name].trouble
+    surfaces = probed_surfaces(client, base, faces) if told_by == "systemMessage" else set(faces)
     for face in faces:
         with Session(base, f"{client.name}-down-{face}") as (scratch, model):
             write_hooks(client.name, scratch, None, url=UNREACHABLE)
@@ -1039,7 +1240,7 @@ def hook_times(base, samples=5):
 def main(argv=None):
     """Run every scenario for the clients named in ARGV (default all); print the checks
     and 'N passed, N failed'; answer the exit status."""
-    drivers = (ClaudeCode(), Codex(), Gemini(), Qwen(), Copilot())
+    drivers = (ClaudeCode(), Codex(), Gemini(), Qwen(), Copilot(), OpenCode())
     wanted = set(argv if argv is not None else sys.argv[1:]) or {d.name for d in drivers}
     clients = [client for client in drivers if client.name in wanted]
     base = tempfile.mkdtemp(prefix="agora-clients-")
@@ -1052,11 +1253,13 @@ def main(argv=None):
                          " ".join(client.program())):
                 continue
             hooks_session(client, base)
-            if client.name in ("qwen", "copilot"):      # hooks only, so far (issue 31)
-                continue
             if client.name == "claude":
                 claude_print_speed(client, base)
                 claude_interactive_wake(client, base)
+            if client.name == "opencode":
+                opencode_interactive_wake(client, base)
+            if client.name == "copilot":
+                copilot_runs_claude_hooks(client, base)
             for transport in ("stdio", "http"):
                 mcp_round_trip(client, base, transport)
             shown_to_person(client, base)
