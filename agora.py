@@ -1682,6 +1682,21 @@ def _size(count):
     return f"{count / 1000:.1f}k" if count >= 1000 else f"{count}c"
 
 
+# When time runs out ----------------------------------------------------------
+
+# A hold on messages, a task's lease and a reservation that end at T have run out at T,
+# not after: every query of the three says so through these two.
+def ran_out(until, at=":now"):
+    """Answer the SQL test that what ends at column UNTIL has run out at time AT."""
+    return f"{until} <= {at}"
+
+
+def still_running(until, at=":now"):
+    """Answer the SQL test that what ends at UNTIL has not run out at AT (ran_out's
+    negation where UNTIL is set, in the form an index on UNTIL serves)."""
+    return f"{until} > {at}"
+
+
 # Messages: mailboxes, who sees what, what is unread or held ------------------
 
 MAILBOX_PREFIX = "@"        # a channel named @NAME is agent NAME's mailbox
@@ -1767,7 +1782,7 @@ def _digest(channel, body, reply_to):
 # a hold that ran out (past acked_id) are to be given again. The one rule of "unread
 # for me", with UNREAD_FOR_ME: in my mailbox or a channel I follow, past where my
 # cursor stands, not written by me.
-READ_FROM = "(CASE WHEN c.held_until <= :now THEN c.acked_id ELSE c.last_id END)"
+READ_FROM = f"(CASE WHEN {ran_out('c.held_until')} THEN c.acked_id ELSE c.last_id END)"
 
 # What a read moves in a cursor (and a lost answer puts back).
 CURSOR_STATE = ("last_id", "acked_id", "held_until", "redo_upto", "redelivered",
@@ -1831,7 +1846,8 @@ def _held(db, me, now):
     """Answer (how many messages are held for ME, when the next hold runs out or None):
     read off its cursors, however many are held."""
     return tuple(db.execute("SELECT coalesce(sum(held_count), 0), min(held_until) FROM cursors "
-                            "WHERE agent = ? AND held_until > ?", (me, now)).fetchone())
+                            f"WHERE agent = :me AND {still_running('held_until')}",
+                            {"me": me, "now": now}).fetchone())
 
 
 # Tasks: states, leases and readiness -----------------------------------------
@@ -1848,9 +1864,10 @@ def sql_set(values):
     return "(" + ", ".join(f"'{value}'" for value in values) + ")"
 
 
-# The board's one rule of time: a claimed task whose lease ran out counts as
-# open. Every query and record of a task says it through TASK_STATE.
-TASK_STATE = ("(CASE WHEN status = 'claimed' AND lease_until <= :now THEN 'open' "
+# The board's one rule of time: a claimed task whose lease ran out counts as open.
+# A task's state is said through TASK_STATE; what asks when a lease ran out (news of
+# a task back on the board) asks ran_out of lease_until, as TASK_STATE does.
+TASK_STATE = (f"(CASE WHEN status = 'claimed' AND {ran_out('lease_until')} THEN 'open' "
               "ELSE status END)")
 
 
@@ -1876,8 +1893,8 @@ HELD_TASK = f"status = 'claimed' AND {TASK_STATE} = 'claimed'"
 # A task became ready to claim since an agent was told (:told, a ready_seq, and
 # :told_lease, a time): numbered by became_ready when a write makes it so, or put back
 # by its lease running out, which the lease itself says. With READY_TASK: still ready.
-NEWLY_READY = ("(ready_seq > :told OR status = 'claimed' AND lease_until > :told_lease "
-               "AND lease_until <= :now)")
+NEWLY_READY = (f"(ready_seq > :told OR status = 'claimed' AND "
+               f"{still_running('lease_until', ':told_lease')} AND {ran_out('lease_until')})")
 
 
 def _ids(text):
@@ -2157,7 +2174,7 @@ def _reservation_line(reservation, now):
             f"({_reservation_terms(reservation, now)})")
 
 
-LIVE_RESERVATION = "expires > :now"
+LIVE_RESERVATION = still_running("expires")
 
 CONFLICT_FIELDS = ("agent", "path", "exclusive", "reason", "expires")
 
@@ -2539,6 +2556,13 @@ def waited_text(wait, capped):
     return f"nothing new after waiting {wait}s"
 
 
+# What was given again (up to redo_upto) has been given for good once the cursor's
+# final position (:final) reaches it: then the count of redeliveries starts afresh.
+REDELIVERY_ENDS = ("redelivered = CASE WHEN :final >= coalesce(redo_upto, 0) THEN 0 ELSE "
+                   "redelivered END, redo_upto = CASE WHEN :final >= coalesce(redo_upto, 0) "
+                   "THEN NULL ELSE redo_upto END")
+
+
 def _deliver(db, me, limit, now, hold=0):
     """Give ME up to LIMIT unread messages, oldest first, moving its cursors past them;
     answer (the messages, the Counts of what remains when some does, and each cursor
@@ -2558,7 +2582,7 @@ def _deliver(db, me, limit, now, hold=0):
     where = {"me": me, "now": now, "until": now + hold}
     db.execute("UPDATE cursors SET redo_upto = max(coalesce(redo_upto, 0), last_id), "
                "redelivered = redelivered + 1, last_id = acked_id, acked_id = NULL, "
-               "held_until = NULL, held_count = 0 WHERE agent = :me AND held_until <= :now",
+               f"held_until = NULL, held_count = 0 WHERE agent = :me AND {ran_out('held_until')}",
                where)
     cursors = {row["channel"]: row for row in db.execute(
         "SELECT * FROM cursors WHERE agent = :me AND following = 1", where)}
@@ -2589,11 +2613,9 @@ def _deliver(db, me, limit, now, hold=0):
                        dict(where, last=last_id, channel=channel, past=past))
         else:
             past = ",".join(str(i) for i in _ids(cursors[channel]["acked_past"]) if i > last_id)
-            db.execute("UPDATE cursors SET last_id = :last, redelivered = CASE WHEN :last >= "
-                       "coalesce(redo_upto, 0) THEN 0 ELSE redelivered END, redo_upto = CASE "
-                       "WHEN :last >= coalesce(redo_upto, 0) THEN NULL ELSE redo_upto END, "
+            db.execute(f"UPDATE cursors SET last_id = :final, {REDELIVERY_ENDS}, "
                        "acked_past = :past WHERE agent = :me AND channel = :channel",
-                       dict(where, last=last_id, channel=channel, past=past or None))
+                       dict(where, final=last_id, channel=channel, past=past or None))
     remaining = _unread(db, me, now) if len(batch) > limit else NO_COUNTS
     return delivered, remaining, {channel: (cursors[channel], ids[-1])
                                   for channel, ids in given.items()}
@@ -2743,14 +2765,12 @@ def _settle(db, me, cursor, given_upto, ids, upto):
     done = held and position >= cursor["last_id"]
     db.execute(
         "UPDATE cursors SET acked_id = :acked, held_until = CASE WHEN :done THEN NULL ELSE "
-        "held_until END, last_id = max(last_id, :last), acked_past = :past, redelivered = "
-        "CASE WHEN :position >= coalesce(redo_upto, 0) THEN 0 ELSE redelivered END, "
-        "redo_upto = CASE WHEN :position >= coalesce(redo_upto, 0) THEN NULL ELSE redo_upto "
-        "END, held_count = CASE WHEN :done THEN 0 ELSE max(0, held_count - :newly) END "
-        "WHERE agent = :me AND channel = :channel",
+        "held_until END, last_id = max(last_id, :last), acked_past = :past, "
+        f"{REDELIVERY_ENDS}, held_count = CASE WHEN :done THEN 0 ELSE "
+        "max(0, held_count - :newly) END WHERE agent = :me AND channel = :channel",
         {"acked": None if done or not held else position, "done": done,
          "newly": newly if held else 0,
-         "last": cursor["last_id"] if held else position, "position": position,
+         "last": cursor["last_id"] if held else position, "final": position,
          "past": ",".join(map(str, sorted(final))) or None, "me": me, "channel": channel})
     return newly if held else 0
 
@@ -2950,10 +2970,11 @@ def op_news(store, caller, args, now):
         with store.transaction() as db:
             previews, counts, tasks = _untold(db, me, args["tasks"], at)
             newest, ready = db.execute(MARKS).fetchone()
-            # a lease that runs out puts its task back on the board: that is news too
-            lease_ends = db.execute(
-                "SELECT min(lease_until) FROM tasks WHERE status = 'claimed' AND "
-                "lease_until > ?", (at,)).fetchone()[0] if args["tasks"] else None
+            lease_ends = None
+            if args["tasks"]:   # a lease that runs out puts its task back: news too
+                lease_ends = db.execute(
+                    "SELECT min(lease_until) FROM tasks WHERE status = 'claimed' AND "
+                    f"{still_running('lease_until', '?')}", (at,)).fetchone()[0]
         if (counts.total or tasks) and not args["peek"]:
             with store.transaction(write=True) as db:   # again: one teller per item
                 previews, counts, tasks = _untold(db, me, args["tasks"], at)

@@ -4479,6 +4479,33 @@ class GuardTest(unittest.TestCase):
 # Held delivery, acknowledgements and ready news ##############################
 ###############################################################################
 
+class RunOutTest(StoreCase):
+    """A hold, a task's lease and a reservation that end at T have run out at T, all
+    three alike, in every query that asks (ran_out, still_running)."""
+
+    def test_each_runs_out_at_its_end_not_a_second_later(self):
+        self.ok("brief", who="bob")
+        self.ok("news", who="carol", tasks=True)
+        message = self.ok("post", to="bob", body="held for a minute")["id"]
+        self.assertEqual([m["id"] for m in self.ok("read", who="bob", hold=60)["messages"]],
+                         [message])
+        task = self.ok("post_task", title="leased")["id"]
+        self.ok("news", who="carol", tasks=True)              # told it was ready
+        self.ok("claim", who="bob", id=task, lease=60)
+        self.ok("reserve", who="bob", paths="src/**", lease=60)
+        for at, over in ((T0 + 59, False), (T0 + 60, True)):
+            with self.subTest(at=at - T0):
+                self.assertEqual(self.ok("brief", who="bob", now=at)["unread"]["total"] > 0,
+                                 over)                  # the held message is unread again
+                self.assertEqual(task in [t["id"] for t in self.ok("tasks", who="carol",
+                                                                   now=at)["tasks"]], over)
+                news = self.ok("news", who="carol", now=at, tasks=True, peek=True)
+                self.assertEqual([t["id"] for t in news["tasks"]], [task] if over else [])
+                taken = self.call("reserve", who="carol", now=at, paths="src/a.py",
+                                  exclusive=True)
+                self.assertEqual(taken.status, 200 if over else 409, taken.text)
+
+
 class HeldDeliveryTest(StoreCase):
     """read hold=S: what it gives comes back unless acknowledged (moved clock, no sleep)."""
 
@@ -4492,6 +4519,28 @@ class HeldDeliveryTest(StoreCase):
         result = self.call("read", who="bob", now=now, **args)
         self.assertEqual(result.status, 200, result.text)
         return result
+
+    def test_the_count_of_redeliveries_starts_afresh_once_all_given_again_is_final(self):
+        self.read(T0)                   # setUp's messages aside
+        for ack in (True, False):       # by ack upto=, or by a plain read past them
+            with self.subTest(ack=ack):
+                start = T0 + (0 if ack else 1000)
+                first = self.ok("post", who="alice", to="bob", body="first", now=start)["id"]
+                self.read(start, hold=60)
+                again = self.read(start + 60, hold=60)
+                self.assertEqual([(m["id"], m.get("redelivered")) for m in
+                                  again.body["messages"]], [(first, 1)])
+                if ack:
+                    self.ok("ack", who="bob", now=start + 61, upto=first)
+                else:
+                    self.read(start + 120)      # it comes back, and this read is final
+                later = self.ok("post", who="alice", to="bob", body="later",
+                                now=start + 200)["id"]
+                self.read(start + 200, hold=60)
+                back = self.read(start + 260, hold=60)       # once, not a third time
+                self.assertEqual([(m["id"], m.get("redelivered")) for m in
+                                  back.body["messages"]], [(later, 1)])
+                self.ok("ack", who="bob", now=start + 261, upto=later)
 
     def test_a_held_read_comes_back_after_its_hold_unless_acked(self):
         first = self.read(T0, hold=60)
