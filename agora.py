@@ -34,8 +34,9 @@ Store's group commit, which the Runtime defines beside the other ways writes run
     Runtime                how an operation runs: the caller and its Line, long-polls
                            (wait_for), the group commit, perform, the writer thread
     Operation catalog      Operation and the argument rules; each domain's rules
-                           (messages, tasks, news, notes, reservations); the handlers
-                           (agents, channels, news, tasks, notes, reservations)
+                           (text for a model, when time runs out, messages, tasks,
+                           news, notes, reservations); the handlers (agents,
+                           channels, news, tasks, notes, reservations)
     Dispatch               validation from the schema, identity, call()
     JSON-RPC, MCP, A2A     the envelope the two share, and each protocol over call()
     HTTP                   the faces (REST, MCP, A2A, the card, the page), framing,
@@ -45,6 +46,7 @@ Store's group commit, which the Runtime defines beside the other ways writes run
                            backup and check; waking (hooks, wait, the channel);
                            the git guard; serve; main
     Web                    the page's HTML, CSS and script (inert data)
+    OpenCode's plugin      agora's hooks as the plugin hook install writes (inert data)
 """
 
 import sys
@@ -363,8 +365,10 @@ class AgoraError(Exception):
     """A refusal an agent can read and act on: a sentence, a hint, extra fields.
 
     Handlers raise it and every face catches it, then maps the class to its own
-    wire form in one place: REST uses ``status``, MCP ``isError`` (or HTTP 401),
-    A2A a JSON-RPC code, the CLI exit status 1.
+    wire form in one place: REST uses ``status``, MCP ``isError``, A2A a JSON-RPC
+    code, the CLI exit status 1. That is a Refusal, the answer to the request; an
+    Unauthorized caller gets no answer but the transport's (HTTP 401), so a face
+    that answers refusals in its own terms catches Refusal and leaves it be.
     """
 
     status = 500
@@ -389,7 +393,11 @@ class AgoraError(Exception):
         return self.message + (f" — {self.hint}" if self.hint else "")
 
 
-class BadRequest(AgoraError):
+class Refusal(AgoraError):
+    """An answer to the request: what it asked cannot be done, and why."""
+
+
+class BadRequest(Refusal):
     """An argument breaks its rule."""
     status = 400
 
@@ -399,22 +407,22 @@ class Unauthorized(AgoraError):
     status = 401
 
 
-class Forbidden(AgoraError):
+class Forbidden(Refusal):
     """The caller may not do this."""
     status = 403
 
 
-class NotFound(AgoraError):
+class NotFound(Refusal):
     """No such thing, or nothing the caller may see."""
     status = 404
 
 
-class Conflict(AgoraError):
+class Conflict(Refusal):
     """The thing is not in a state that allows this."""
     status = 409
 
 
-class StoreError(AgoraError):
+class StoreError(Refusal):
     """The database file cannot be used."""
     status = 500
 
@@ -432,7 +440,7 @@ class OutcomeUnknown(StoreError):
     hint says what a retry of that operation does (the catalog's RETRY)."""
 
 
-class InternalError(AgoraError):
+class InternalError(Refusal):
     """A bug in agora: the traceback went to the log, the caller gets a sentence."""
     status = 500
 
@@ -594,8 +602,9 @@ class Store:
         self._long_polls, self._long_polls_lock = {}, threading.Lock()
         # Writers of this process queue here: SQLite's busy handler would make
         # them sleep for milliseconds whenever another thread holds the lock.
-        self.writes = GroupCommit(self._acquire, self._release, self._signal,
-                                  self._before_commit, lambda error: file_problem(path, error))
+        self.group_commit = GroupCommit(self._acquire, self._release, self._signal,
+                                        self._before_commit,
+                                        lambda error: file_problem(path, error))
         self._seen_due, self._seen_lock = {}, threading.Lock()
         self._seen_written = {}
         self._tokens, self._tokens_mark, self._tokens_looked = {}, None, float("-inf")
@@ -716,10 +725,10 @@ class Store:
         thread joins it.
         """
         if write:
-            with self.writes.block() as con:
+            with self.group_commit.block() as con:
                 yield con
             return
-        con = self.writes.connection()
+        con = self.group_commit.connection()
         if con is not None:
             yield con
             return
@@ -739,7 +748,7 @@ class Store:
     @contextlib.contextmanager
     def autocommit(self):
         """Yield a connection outside any transaction: each statement reads on its own."""
-        con = self.writes.connection()
+        con = self.group_commit.connection()
         if con is not None:
             yield con
             return
@@ -1358,6 +1367,14 @@ def report_bug(where):
             pass
 
 
+def bug_refusal(where):
+    """Report the bug being handled, which happened in WHERE (report_bug), and answer what
+    its caller is told instead: the one InternalError every kind of answer (a refusal,
+    JSON-RPC's -32603, HTTP's 500) is made from."""
+    report_bug(where)
+    return InternalError("internal error; the server log has details")
+
+
 def perform(store, op, args, caller, now):
     """Run operation OP for CALLER, who was checked, with ARGS, which were validated.
 
@@ -1393,8 +1410,7 @@ def bugs_refused(store, name):
         problem = file_problem(store.path, error)
         if problem is not None:
             raise problem from None
-        report_bug(name)
-        raise InternalError(f"internal error in {name}; the server log has details") from None
+        raise bug_refusal(name) from None
 
 
 class _Request:
@@ -1436,7 +1452,7 @@ class Writer:
         """Answer whether the writer thread should run OP with (validated) ARGS."""
         return (op.runs == ON_WRITER and not (op.waits and args[op.waits])
                 and threading.current_thread() is not self.thread
-                and self.store.writes.connection() is None)
+                and self.store.group_commit.connection() is None)
 
     def run(self, op, args, caller, now):
         """Run checked operation OP on the writer thread; answer its Result (or raise).
@@ -1488,14 +1504,13 @@ class Writer:
                 for request in turn:
                     request.outcome = error
             except sqlite3.Error as error:      # the turn could not begin (a locked file)
-                problem = self.store.writes.not_saved(error)
+                problem = self.store.group_commit.not_saved(error)
                 for request in turn:
                     request.outcome = problem
             except Exception:                   # a bug of the writer's own: said, and on
-                report_bug("the writer")
+                refusal = bug_refusal("the writer")
                 for request in turn:
-                    request.outcome = InternalError("internal error; the server log has "
-                                                    "details")
+                    request.outcome = refusal
             finally:
                 for request in turn:
                     request.done.release()
@@ -1503,7 +1518,7 @@ class Writer:
     def _run_turn(self, turn):
         """Run TURN's requests, and those that queue meanwhile (added to TURN), in one
         GroupCommit turn."""
-        with self.store.writes.turn():
+        with self.store.group_commit.turn():
             ran = 0
             while ran < len(turn):
                 for request in turn[ran:]:
@@ -1599,10 +1614,12 @@ def public_operations():
     return [op for op in CATALOG.values() if not op.hidden]
 
 
-def offered(name):
-    """Answer the operation NAME if the faces offer it, else None."""
+def offered(name, hidden=False):
+    """Answer the operation NAME if a face may run it, else None: the one decision of
+    which operations a face offers. Every face offers the public ones; a face built
+    on hidden ones (A2A, on own_tasks and follow_up) says HIDDEN and may run those too."""
     op = CATALOG.get(name) if isinstance(name, str) else None
-    return op if op is not None and not op.hidden else None
+    return op if op is not None and (hidden or not op.hidden) else None
 
 
 def _string(low=0, high=None, description=None, pattern=None, default=None):
@@ -1871,15 +1888,16 @@ TASK_STATE = (f"(CASE WHEN status = 'claimed' AND {ran_out('lease_until')} THEN 
               "ELSE status END)")
 
 
-# A task waits while a task in its `after` is not done; an open task waiting for
-# nothing is ready. (A failed or cancelled blocker keeps it waiting.)
-WAITING = ("EXISTS (SELECT 1 FROM task_deps d JOIN tasks b ON b.id = d.after_id "
-           "WHERE d.task_id = tasks.id AND b.status != 'done')")
+# A task waits for each task in its `after` that is not done; an open task waiting
+# for nothing is ready. (A failed or cancelled blocker keeps it waiting.)
+WAITS_FOR = ("FROM task_deps d JOIN tasks b ON b.id = d.after_id "
+             "WHERE d.task_id = tasks.id AND b.status != 'done'")
+
+WAITING = f"EXISTS (SELECT 1 {WAITS_FOR})"
 
 TASK_ROWS = (f"SELECT *, {TASK_STATE} AS state, (SELECT group_concat(after_id) FROM task_deps "
-             "WHERE task_id = tasks.id) AS after_ids, (SELECT group_concat(d.after_id) "
-             "FROM task_deps d JOIN tasks b ON b.id = d.after_id WHERE d.task_id = tasks.id "
-             "AND b.status != 'done') AS waiting_ids FROM tasks")
+             "WHERE task_id = tasks.id) AS after_ids, "
+             f"(SELECT group_concat(d.after_id) {WAITS_FOR}) AS waiting_ids FROM tasks")
 
 OPEN_TASK = f"status IN {sql_set(UNFINISHED)} AND {TASK_STATE} = 'open'"
 
@@ -2175,6 +2193,14 @@ def _reservation_line(reservation, now):
 
 
 LIVE_RESERVATION = still_running("expires")
+
+
+def others_reservations(db, project, me, now):
+    """Answer the live reservations in PROJECT of agents other than ME, by path and agent:
+    what may keep ME off a path (reserve's conflicts, reservations paths=...)."""
+    return [_reservation(row) for row in db.execute(
+        "SELECT * FROM reservations WHERE project = :project AND agent != :me AND "
+        f"{LIVE_RESERVATION} ORDER BY path, agent", {"project": project, "me": me, "now": now})]
 
 CONFLICT_FIELDS = ("agent", "path", "exclusive", "reason", "expires")
 
@@ -2794,7 +2820,7 @@ def op_history(store, caller, args, now):
             where = "channel = :mailbox"
         elif mailbox_owner(channel) is not None:
             other = mailbox_owner(channel)
-            if not db.execute("SELECT 1 FROM agents WHERE name = ?", (other,)).fetchone():
+            if not _agent_exists(db, other):
                 raise NotFound(f"no agent {other}", hint="agents lists who is here")
             where = ("((channel = :theirs AND sender = :me) "
                      "OR (channel = :mailbox AND sender = :other))")
@@ -3061,7 +3087,9 @@ def _set_after(db, task_id, after):
 AFTER = {"type": "array", "items": ID, "maxItems": MAX_AFTER,
          "description": "task ids to wait for"}
 
-PRIORITY = _integer(-1000, 1000, "higher is taken first", default=0)
+PRIORITY_BOUNDS = (-1000, 1000)
+
+PRIORITY = _integer(*PRIORITY_BOUNDS, "higher is taken first", default=0)
 
 
 @operation("post_task", "Put a task on the board for any agent to claim; with after, it "
@@ -3091,7 +3119,7 @@ def op_post_task(store, caller, args, now):
 
 @operation("update_task", "Change an open task you posted; after replaces its list.",
            {"id": ID, "title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS,
-            "priority": _integer(-1000, 1000), "after": AFTER},
+            "priority": _integer(*PRIORITY_BOUNDS, "higher is taken first"), "after": AFTER},
            required=["id"], runs=OWN_TURN,
            retry=RETRY_SAFE)
 def op_update_task(store, caller, args, now):
@@ -3550,8 +3578,6 @@ def op_reserve(store, caller, args, now):
     patterns = sorted({reservation_pattern(path) for path in args["paths"]})
     if not patterns:
         raise BadRequest("paths must name at least one pattern")
-    theirs = ("SELECT * FROM reservations WHERE project = :project AND agent != :me AND "
-              f"{LIVE_RESERVATION}")
     where = {"project": project, "me": me, "now": now}
 
     def refuse_conflicts(held):
@@ -3565,13 +3591,13 @@ def op_reserve(store, caller, args, now):
                            for _, other in conflicts])
 
     with store.transaction() as db:
-        snapshot = [_reservation(row) for row in db.execute(theirs, where)]
+        snapshot = others_reservations(db, project, me, now)
     refuse_conflicts(snapshot)
     seen = {(other["agent"], other["path"], other["exclusive"]) for other in snapshot}
     where.update({f"p{n}": pattern for n, pattern in enumerate(patterns)})
     listed = ",".join(f":p{n}" for n in range(len(patterns)))
     with store.transaction(write=True) as db:
-        refuse_conflicts([other for other in map(_reservation, db.execute(theirs, where))
+        refuse_conflicts([other for other in others_reservations(db, project, me, now)
                           if (other["agent"], other["path"], other["exclusive"]) not in seen])
         others_held = db.execute(
             "SELECT count(*) FROM reservations WHERE project = :project AND agent = :me AND "
@@ -3607,9 +3633,7 @@ def op_reservations(store, caller, args, now):
     where = {"project": args["project"], "me": caller.name, "now": now}
     if args["paths"]:
         with store.transaction() as db:
-            theirs = [_reservation(row) for row in db.execute(
-                "SELECT * FROM reservations WHERE project = :project AND agent != :me AND "
-                f"{LIVE_RESERVATION} ORDER BY path, agent", where)]
+            theirs = others_reservations(db, args["project"], caller.name, now)
         hits = reservation_conflicts(args["paths"], False, theirs, plain=True)[:args["limit"]]
         conflicts = [dict({key: other[key] for key in CONFLICT_FIELDS}, given=path)
                      for path, other in hits]
@@ -3758,8 +3782,9 @@ def ensure_local_agent(store, name, now):
                 _create_agent(db, name, now)
 
 
-def check_identity(store, op, caller, now):
-    """Refuse a caller OP needs to know and does not; create an asserted name's agent.
+def admit(store, op, caller, now):
+    """Admit CALLER to OP: refuse one OP needs to know and does not; create an asserted
+    name's agent on its first use.
 
     An asserted name (CLI, stdio) is trusted and its agent created on first use:
     the file is the trust boundary. A remote caller arrives with its token
@@ -3787,19 +3812,20 @@ def bearer_caller(store, authorization, line=None):
     return Caller(store.agent_for_token(token), False, token, line)
 
 
-def call(store, name, args=None, caller=OPERATOR, now=None):
+def call(store, name, args=None, caller=OPERATOR, now=None, hidden=False):
     """Run operation NAME for CALLER and answer its Result; a refusal raises AgoraError.
 
-    This is the one entrance every face uses: it finds the operation, checks
-    the caller, validates the arguments from the schema and runs the handler.
-    An unexpected exception becomes an InternalError, its traceback on stderr.
+    This is the one entrance every face uses: it finds the operation the face may
+    run (offered; HIDDEN for a face built on hidden ones), checks the caller,
+    validates the arguments from the schema and runs the handler. An unexpected
+    exception becomes an InternalError, its traceback on stderr.
     """
     now = int(time.time()) if now is None else now
     with bugs_refused(store, name):
-        op = CATALOG.get(name)
+        op = offered(name, hidden)
         if op is None:
-            raise NotFound(f"no operation {name!r:.60}", hint="ops lists them")
-        check_identity(store, op, caller, now)
+            raise NotFound(f"no operation {str(name)!r:.60}", hint="ops lists them")
+        admit(store, op, caller, now)
         args = validate(op, {} if args is None else args)
         writer = store.writer                   # read once: shutdown may clear it
         try:
@@ -3904,9 +3930,9 @@ class RpcEndpoint:
             return RpcReply(error.http_status, rpc_error(request_id, error.code, error.message,
                                                          data), label)
         except Exception:
-            report_bug(label)
-            return RpcReply(500, rpc_error(request.id if request else None, -32603,
-                                           "Internal error"), label)
+            refusal = bug_refusal(label)
+            return RpcReply(refusal.status, rpc_error(request.id if request else None, -32603,
+                                                      "Internal error"), label)
         return RpcReply(200, {"jsonrpc": "2.0", "id": request.id, "result": result}, label)
 
     def precheck(self):
@@ -3986,11 +4012,19 @@ def _header_text(value):
         return None
 
 
+MCP_SERVER_INFO = {"name": "agora", "version": __version__}
+
+
+def unsupported_version(requested):
+    """Answer the refusal of an MCP protocol revision REQUESTED that agora does not speak."""
+    return RpcError(-32022, "Unsupported protocol version", http_status=400,
+                    data={"supported": list(MCP_VERSIONS), "requested": requested})
+
+
 def _mcp_discover(endpoint, params):
     return {"supportedVersions": list(MCP_VERSIONS),
             "capabilities": {"tools": {"listChanged": False}},
-            "instructions": MCP_INSTRUCTIONS,
-            "_meta": {MCP_META + "serverInfo": {"name": "agora", "version": __version__}}}
+            "instructions": MCP_INSTRUCTIONS, "_meta": {MCP_META + "serverInfo": MCP_SERVER_INFO}}
 
 
 def _mcp_initialize(endpoint, params):
@@ -3998,7 +4032,7 @@ def _mcp_initialize(endpoint, params):
     # Never refuse: answer the newest revision we speak and let the client decide.
     version = requested if requested in MCP_HANDSHAKE_VERSIONS else MCP_HANDSHAKE_VERSIONS[0]
     result = {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
-              "serverInfo": {"name": "agora", "version": __version__},
+              "serverInfo": MCP_SERVER_INFO,
               "instructions": MCP_INSTRUCTIONS}
     return as_channel(result) if endpoint.channel else result
 
@@ -4029,9 +4063,7 @@ def _mcp_tools_call(endpoint, params):
     try:
         result = call(endpoint.store, name, {} if arguments is None else arguments,
                       endpoint.caller)
-    except Unauthorized:
-        raise                           # not the model's to correct: the envelope's 401
-    except AgoraError as error:
+    except Refusal as error:            # the model's to read; Unauthorized: the envelope's
         return {"content": [{"type": "text", "text": error.text}], "isError": True}
     return {"content": [{"type": "text", "text": result.text}],
             "structuredContent": result.body, "isError": False}
@@ -4069,8 +4101,7 @@ class McpEndpoint(RpcEndpoint):
         header_version = (self.headers.get("MCP-Protocol-Version")
                           if self.headers is not None else None)
         if header_version is not None and header_version not in MCP_VERSIONS:
-            raise RpcError(-32022, "Unsupported protocol version", http_status=400,
-                           data={"supported": list(MCP_VERSIONS), "requested": header_version})
+            raise unsupported_version(header_version)
         meta = params.get("_meta")
         stateless = (header_version == MCP_STATELESS_VERSION
                      or isinstance(meta, dict) and MCP_META + "protocolVersion" in meta)
@@ -4104,10 +4135,8 @@ class McpEndpoint(RpcEndpoint):
                 if len(sent) != 1 or _header_text(sent[0]) != body_value:
                     raise RpcError(-32020, f"Header mismatch: {header} does not match the body",
                                    http_status=400)
-        version = meta[MCP_META + "protocolVersion"]
-        if version != MCP_STATELESS_VERSION:
-            raise RpcError(-32022, "Unsupported protocol version", http_status=400,
-                           data={"supported": list(MCP_VERSIONS), "requested": version})
+        if meta[MCP_META + "protocolVersion"] != MCP_STATELESS_VERSION:
+            raise unsupported_version(meta[MCP_META + "protocolVersion"])
 
 
 ###############################################################################
@@ -4400,25 +4429,24 @@ class A2AEndpoint(RpcEndpoint):
         if request.method not in self.METHODS:
             raise RpcError(-32601, f"Method not found: {request.method[:60]}")
         # who may ask is the catalog's rule, said before any parameter is looked at
-        check_identity(self.store, CATALOG["own_tasks"], self.caller, int(time.time()))
+        admit(self.store, offered("own_tasks", hidden=True), self.caller, int(time.time()))
         handler = getattr(self, self.METHODS[request.method])
         try:
             return handler(_camel_case(request.params), _a2a_era(request))
-        except Unauthorized:
-            raise
-        except AgoraError as error:
+        except Refusal as error:
             raise RpcError(A2A_REFUSALS.get(type(error), -32603), error.message) from None
 
-    def call(self, name, args):
-        """Run operation NAME for the caller; answer its JSON body."""
-        return call(self.store, name, args, self.caller).body
+    def run(self, name, args):
+        """Run operation NAME (hidden ones too: A2A is built on them) for the caller;
+        answer its JSON body."""
+        return call(self.store, name, args, self.caller, hidden=True).body
 
     def own_task(self, raw_id):
         """Answer the caller's task RAW_ID (a wire id, a string) as own_tasks records it."""
         task_id = str(raw_id) if isinstance(raw_id, (str, int)) else ""
         if not re.fullmatch(r"[0-9]{1,18}", task_id):
             raise RpcError(-32001, f"task {str(raw_id)[:40]} not found")
-        return self.call("own_tasks", {"id": int(task_id)})["tasks"][0]
+        return self.run("own_tasks", {"id": int(task_id)})["tasks"][0]
 
     def answer_task(self, task_id, era, history_length=None):
         """Answer one of the caller's tasks as it is now, as an A2A Task."""
@@ -4449,7 +4477,7 @@ class A2AEndpoint(RpcEndpoint):
                 if task["status"] in FINISHED:
                     raise RpcError(-32004, f"task {task_id} is {task['status']}: "
                                            "send a new message")
-                self.call("follow_up", {"id": task_id, "body": text})
+                self.run("follow_up", {"id": task_id, "body": text})
                 db.execute("INSERT INTO a2a_messages (task_id, message_id, role, text, ts) "
                            "VALUES (?, ?, 'user', ?, ?)", (task_id, message_id, text, now))
             else:
@@ -4459,7 +4487,7 @@ class A2AEndpoint(RpcEndpoint):
                 for key in ("tags", "priority"):
                     if isinstance(metadata, dict) and metadata.get(key) is not None:
                         args[key] = metadata[key]
-                task_id = self.call("post_task", args)["id"]
+                task_id = self.run("post_task", args)["id"]
                 db.execute("INSERT INTO a2a_tasks (task_id, context_id, message_id) "
                            "VALUES (?, ?, ?)",
                            (task_id, context_id or secrets.token_hex(16), message_id))
@@ -4475,7 +4503,7 @@ class A2AEndpoint(RpcEndpoint):
     def cancel(self, params, era):
         """Cancel one of the caller's unfinished tasks."""
         task_id = self.own_task(params.get("id"))["id"]
-        self.call("cancel", {"id": task_id})
+        self.run("cancel", {"id": task_id})
         return self.answer_task(task_id, era)
 
     def list(self, params, era):
@@ -4494,7 +4522,7 @@ class A2AEndpoint(RpcEndpoint):
                 args["ids"] = [row[0] for row in db.execute(
                     "SELECT task_id FROM a2a_tasks WHERE context_id = ? ORDER BY task_id DESC "
                     "LIMIT 1000", (context,))]
-            page = self.call("own_tasks", args)
+            page = self.run("own_tasks", args)
             tasks = a2a_tasks(db, page["tasks"], era, _a2a_param(params, "historyLength"))
         if params.get("includeArtifacts") is not True:
             for task in tasks:
@@ -4890,8 +4918,8 @@ class RequestHandler:
     @staticmethod
     def bug():
         """Answer a bug's 500, its traceback on stderr."""
-        report_bug("a face")
-        return HttpAnswer(500, json_bytes({"error": "internal error; the server log has details"}))
+        refusal = bug_refusal("a face")
+        return HttpAnswer(refusal.status, json_bytes(refusal.body))
 
     def reply(self, answer, route, request, started, at_once=False):
         """Hand ANSWER to REQUEST's client and log it; answer what is left to write: with
@@ -5331,7 +5359,7 @@ class Parker:
         """Run the WAITERS' requests again, in one write turn, and answer those that end."""
         ran = []
         try:
-            with self.store.writes.turn():
+            with self.store.group_commit.turn():
                 for waiter in waiters:
                     ran.append((waiter, self._run_again(waiter)))
         except (AgoraError, sqlite3.Error):     # the turn's commit failed: each alone
@@ -5895,8 +5923,9 @@ class AgentLink:
         self.key = (f"{url}\0{hash_token(token or '')}" if url
                     else f"{os.path.abspath(self.store.path)}\0{name}")
 
-    def call(self, name, args, text=False):
-        """Answer operation NAME's JSON body (its text with TEXT); raise its refusal."""
+    def ask(self, name, args, text=False):
+        """Answer operation NAME's JSON body (its text with TEXT), run on the file or by
+        the remote agora; raise its refusal."""
         if self.store is not None:
             result = call(self.store, name, args, Caller(self.name, True))
             return result.text if text else result.body
@@ -6236,7 +6265,7 @@ def _run_op(name, options):
         args[key] = sys.stdin.read().rstrip("\n") if value == "-" else value
     link = _link(options, operator=name == "join")
     try:
-        answer = link.call(name, args, text=not options.json)
+        answer = link.ask(name, args, text=not options.json)
     except Unauthorized as error:
         if not options.url:
             raise
@@ -6658,7 +6687,7 @@ def news_batches(link, tasks, deadline=None, peek=False):
     while deadline is None or time.monotonic() < deadline:
         left = MAX_WAIT if deadline is None else deadline - time.monotonic()
         before = link.mark() if peek else None
-        body = link.call("news", {"wait": max(1, min(MAX_WAIT, int(left))),
+        body = link.ask("news", {"wait": max(1, min(MAX_WAIT, int(left))),
                                   "tasks": tasks, "peek": peek})
         if peek:
             stale = _has_news(body)
@@ -6675,19 +6704,22 @@ def news_batches(link, tasks, deadline=None, peek=False):
             yield body
 
 
+def hook_takes(event, client):
+    """Answer whether CLIENT takes anything from agora's hook EVENT: it has that hook."""
+    return any(ours == event for _, ours in HOOK_CLIENTS[client].events)
+
+
 def hook_json(event, client, text):
-    """Answer what CLIENT takes from a hook of EVENT to say TEXT, or None if it takes nothing
-    (HookClient's EVENTS, CONTEXT and STOP)."""
+    """Answer what CLIENT, which takes it (hook_takes), takes from a hook of EVENT to say
+    TEXT (HookClient's CONTEXT and STOP)."""
     facts = HOOK_CLIENTS[client]
-    theirs = next((theirs for theirs, ours in facts.events if ours == event), None)
-    if theirs is None:
-        return None
     if event == "stop":
         if facts.stop == "followup":
             return {"followup_message": text}
         return {"decision": facts.stop, "reason": text}
     if facts.context == "top":
         return {"additionalContext": text}
+    theirs = next(theirs for theirs, ours in facts.events if ours == event)
     return {"hookSpecificOutput": {"hookEventName": theirs, "additionalContext": text}}
 
 
@@ -6728,7 +6760,7 @@ def _hook_command(options):
     client = running_client(options.client)
     if options.event == "wake":
         return _wake(options) if HOOK_CLIENTS[client].wakes else 0
-    if hook_json(options.event, client, "") is None:
+    if not hook_takes(options.event, client):
         return 0                        # the client takes nothing: nothing is told
     if options.event == "stop" and given.get("stop_hook_active") is True:
         return 0                        # it goes on because of a stop hook already
@@ -6736,9 +6768,9 @@ def _hook_command(options):
         link = _link(options, HOOK_TIMEOUT)
         try:
             if options.event == "session-start":
-                text = session_start_text(link, link.call("brief", {}, text=True))
+                text = session_start_text(link, link.ask("brief", {}, text=True))
             else:
-                body = link.call("news", {"tasks": options.tasks})
+                body = link.ask("news", {"tasks": options.tasks})
                 text = news_facts(body, link) if _has_news(body) else None
         finally:
             link.close()
@@ -7059,7 +7091,7 @@ def _guard_command(options):
         try:
             hits = []                   # the server decides who keeps whom off which path
             for first in range(0, len(paths), MAX_PATTERNS):
-                hits.append(link.call("reservations", {
+                hits.append(link.ask("reservations", {
                     "project": options.project, "paths": paths[first:first + MAX_PATTERNS],
                     "limit": MAX_LIMIT}, text=True))
         finally:
@@ -7114,7 +7146,7 @@ def _guard_install(options):
     try:
         link = _link(options, HOOK_TIMEOUT)
         try:
-            link.call("reservations", {"project": options.project, "limit": 1})
+            link.ask("reservations", {"project": options.project, "limit": 1})
         finally:
             link.close()
     except Unreachable as error:
@@ -7529,9 +7561,7 @@ function taskCard(task) {
   if (task.status === "claimed")
     card.append(el("div", {className: "meta"}, "held by " + task.owner + ", " +
                    left(task.lease_until) + " left"));
-  if (task.waiting_for.length)
-    card.append(el("div", {className: "meta"},
-                   "waits for " + task.waiting_for.map((id) => "#" + id).join(", ")));
+  if (task.waiting_for.length) card.append(el("div", {className: "meta"}, waitsFor(task)));
   if (task.body) card.append(el("div", {className: "text"}, task.body));
   if (task.result) card.append(el("div", {className: "text"}, "result: " + task.result));
   const actions = el("div", {className: "actions"});
@@ -7546,7 +7576,7 @@ function taskCard(task) {
     try { await api(op, args); say(label + " #" + task.id); loadTasks(); }
     catch (error) { say(error.message); }
   }}, label));
-  if (task.status === "open" && !task.waiting_for.length) act("Claim", "claim");
+  if (planState(task) === "ready") act("Claim", "claim");
   if (task.status === "claimed" && task.owner === me) {
     act("Done", "done", true);
     act("Release", "release");
@@ -7557,9 +7587,14 @@ function taskCard(task) {
   return card;
 }
 
+// The one reading of what a task waits for: its state as people see it, and the words.
 function planState(task) {
   if (task.status === "open") return task.waiting_for.length ? "waiting" : "ready";
   return task.status;
+}
+
+function waitsFor(task) {
+  return "waits for " + task.waiting_for.map((id) => "#" + id).join(", ");
 }
 
 const PLAN = {width: 184, least: 136, height: 50, apart: 14, down: 12, between: 40, pad: 8};
@@ -7663,7 +7698,7 @@ function drawPlan(unfinished, known) {
   const boxes = nodes.map((task) => {
     const {x, y} = at.get(task.id), state = planState(task);
     const below = {ready: "ready",
-                   waiting: "waits for " + task.waiting_for.map((id) => "#" + id).join(", "),
+                   waiting: waitsFor(task),
                    claimed: task.owner + " · " + left(task.lease_until) + " left",
                    failed: "failed" + (task.owner ? " by " + task.owner : "")}[state] || state;
     const choose = () => pickTask(task.id, known);
@@ -7710,8 +7745,7 @@ async function loadTasks() {
   const tasks = [...known.values()].sort((a, b) => b.id - a.id);
   const columns = [["open", "Open"], ["waiting", "Waiting"], ["claimed", "Claimed"],
                    ["done", "Done"], ["failed", "Failed"]];
-  const column = (t) => t.status === "open" && t.waiting_for.length ? "waiting"
-    : t.status === "cancelled" ? "done" : t.status;
+  const column = (t) => ({ready: "open", cancelled: "done"})[planState(t)] || planState(t);
   const holding = {};
   for (const task of tasks)
     if (task.status === "claimed") holding[task.owner] = (holding[task.owner] || 0) + 1;

@@ -35,11 +35,11 @@ T0 = 1_800_000_000          # the clock the dispatch tests start from
 Outcome = collections.namedtuple("Outcome", "status body text")
 
 
-def outcome(store, op, args, caller, now=None):
-    """Run OP through dispatch; answer (status, body, text): 200 and its Result, or its
-    refusal's status, body and text."""
+def outcome(store, op, args, caller, now=None, hidden=False):
+    """Run OP through dispatch (HIDDEN: as a face built on hidden operations); answer
+    (status, body, text): 200 and its Result, or its refusal's status, body and text."""
     try:
-        result = agora.call(store, op, args, caller, now)
+        result = agora.call(store, op, args, caller, now, hidden)
     except agora.AgoraError as error:
         return Outcome(error.status, error.body, error.text)
     return Outcome(200, result.body, result.text)
@@ -633,7 +633,9 @@ class HistoryTest(StoreCase):
         self.assertIn("✓read", self.call("history", channel="@bob").text)
         mailbox = self.ok("history", channel="@alice")["messages"]
         self.assertEqual([m["body"] for m in mailbox], ["re", "not bob"])
-        self.refused(404, "history", channel="@nobody")
+        for nobody in ("@nobody", "@agora"):        # the board is no agent to talk with
+            self.assertIn("no agent", self.refused(404, "history", channel=nobody))
+            self.assertIn("no agent", self.refused(404, "post", to=nobody[1:], body="hi"))
 
 
 class PrivacyTest(StoreCase):
@@ -918,6 +920,10 @@ class TaskTest(StoreCase):
 class OwnTasksTest(StoreCase):
     """The hidden operations A2A is a face over: one's own tasks, and follow-ups."""
 
+    def call(self, op, who="alice", now=T0, **args):
+        """Run OP as local agent WHO, as a face built on hidden operations does."""
+        return outcome(self.store, op, args, agora.Caller(who, True), now, hidden=True)
+
     def test_own_tasks_one_or_a_page_and_never_anothers(self):
         ids = [self.ok("post_task", title=f"t{i}", now=T0 + i)["id"] for i in range(5)]
         self.ok("post_task", who="bob", title="bob's")
@@ -949,11 +955,17 @@ class OwnTasksTest(StoreCase):
         self.ok("done", who="bob", id=task)
         self.refused(409, "follow_up", id=task, body="too late")
 
-    def test_no_face_offers_them(self):
+    def test_no_face_offers_them_and_dispatch_runs_them_only_for_one_built_on_them(self):
         names = {op.name for op in agora.public_operations()}
         self.assertEqual({name for name in agora.CATALOG if name not in names},
                          {"own_tasks", "follow_up"})
         self.assertIsNone(agora.offered("own_tasks"))
+        task = self.ok("post_task", title="t")["id"]
+        for name, args in (("own_tasks", {}), ("follow_up", {"id": task, "body": "x"})):
+            with self.subTest(name):    # a face that forgets to ask offered() still cannot
+                refused = outcome(self.store, name, args, agora.Caller("alice", True), T0)
+                self.assertEqual((refused.status, refused.body["error"]),
+                                 (404, f"no operation {name!r}"))
 
 
 class NoteTest(StoreCase):
@@ -1240,7 +1252,7 @@ class GroupCommitTest(StoreCase):
         Answer ({writer: outcome}, the write transactions they took).
         """
         outcomes, first = [], []
-        writes = self.store.writes
+        writes = self.store.group_commit
 
         def writer(i):
             try:
@@ -1249,21 +1261,15 @@ class GroupCommitTest(StoreCase):
                         first.append(until(lambda: writes.queued == self.writers - 1))
                     db.execute("INSERT INTO channels (name, created_by, created) "
                                "VALUES (?, 'x', 0)", (f"c{i}",))
+                    self.ran.append(i)          # blocks run one at a time: in this order
                     fail(db, i)
                 outcomes.append((i, "ok"))
             except Exception as error:
                 outcomes.append((i, type(error).__name__))
                 self.said[i] = str(error)
-        self.said = {}
+        self.said, self.ran = {}, []
         before = CountingStore.write_transactions
-        threads = [threading.Thread(target=writer, args=(i,), daemon=True)
-                   for i in range(self.writers)]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + 20
-        for thread in threads:
-            thread.join(max(0, deadline - time.monotonic()))
-        self.assertFalse(any(thread.is_alive() for thread in threads), "a writer hung")
+        self.in_threads(self.writers, writer, seconds=20)
         self.assertEqual(first, [True], "the other writers never queued")
         with self.store.transaction() as db:
             stored = {row[0] for row in db.execute(
@@ -1289,23 +1295,24 @@ class GroupCommitTest(StoreCase):
             if i == 5:
                 db.execute("ROLLBACK")          # SQLite's own abort, as on a full disk
                 raise sqlite3.OperationalError("aborted")
-        outcomes, _ = self.write_many(fail)
-        self.assertEqual(outcomes[5], "OperationalError")
-        self.assertTrue(set(outcomes.values()) <= {"ok", "StoreError", "OperationalError"})
-        shared = [self.said[i] for i, o in outcomes.items() if o == "StoreError"]
-        self.assertTrue(shared, "no other block shared the aborted transaction")
-        for said in shared:                 # the cause is told, not the savepoint it took
-            self.assertEqual(said, "the write was not saved: aborted")
-        after = threading.Thread(target=self.ok, args=("create_channel",),
-                                 kwargs={"name": "still-writable"}, daemon=True)
-        after.start()
-        after.join(10)
-        self.assertFalse(after.is_alive(), "the write lock was never released")
+        outcomes, transactions = self.write_many(fail)
+        at = self.ran.index(5)
+        self.assertGreater(at, 0, "no block shared the aborted transaction")
+        # those before 5 shared its transaction and fail with it, told the cause (not the
+        # savepoint it took); those after it begin the next, and stand
+        expected = {i: "StoreError" if n < at else "ok" for n, i in enumerate(self.ran)}
+        expected[5] = "OperationalError"
+        self.assertEqual(outcomes, expected)
+        self.assertEqual({self.said[i] for i in self.ran[:at]},
+                         {"the write was not saved: aborted"})
+        self.assertEqual(transactions, 2)
+        self.in_threads(1, lambda _: self.ok("create_channel", name="still-writable"),
+                        seconds=10)         # the write lock was released
 
     def test_after_sqlite_undid_the_transaction_no_block_joins_it(self):
         outcomes = []
         with self.assertRaises(agora.StoreError):           # the turn fails as a whole
-            with self.store.writes.turn():                  # as the writer runs a turn
+            with self.store.group_commit.turn():                  # as the writer runs a turn
                 for name, undo in (("before", False), ("undone", True), ("after", False)):
                     try:
                         with self.store.transaction(write=True) as db:
@@ -1826,15 +1833,15 @@ class WriterTest(ServerCase):
         threads = [threading.Thread(target=lambda body=body: answers.__setitem__(
             body, self.request("POST", "/api/post", {"body": body}, token)[::2]))
             for body in bodies]
-        self.store.writes.lock.acquire()
+        self.store.group_commit.lock.acquire()
         try:
             threads[0].start()              # the writer takes it, and waits for the lock
-            self.assertTrue(until(lambda: self.store.writes.queued == 1))
+            self.assertTrue(until(lambda: self.store.group_commit.queued == 1))
             for thread in threads[1:]:
                 thread.start()
             self.assertTrue(until(lambda: len(writer.queue) == len(bodies) - 1))
         finally:
-            self.store.writes.lock.release()
+            self.store.group_commit.lock.release()
         for thread in threads:
             thread.join(30)
         return answers
@@ -1854,14 +1861,14 @@ class WriterTest(ServerCase):
 
     def test_nothing_is_answered_before_its_commit(self):
         token = self.join("alice")
-        original = self.store.writes.before_commit
+        original = self.store.group_commit.before_commit
 
         def failing(db):
             original(db)
             raise sqlite3.OperationalError("disk I/O error (the test's)")
-        self.store.writes.before_commit = failing
+        self.store.group_commit.before_commit = failing
         answers = self.queue_behind_a_held_lock([f"lost {i}" for i in range(6)], token)
-        self.store.writes.before_commit = original
+        self.store.group_commit.before_commit = original
         self.assertEqual({status for status, _ in answers.values()}, {500})
         self.assertTrue(all("not saved" in body["error"] for _, body in answers.values()))
         self.assertEqual(len(answers), 6)
@@ -1964,8 +1971,8 @@ class WriterTest(ServerCase):
         agora.CATALOG["post"] = original._replace(handler=slow_first)
         self.addCleanup(agora.CATALOG.__setitem__, "post", original)
         self.addCleanup(go.set)
-        commits, before_commit = [], self.store.writes.before_commit
-        self.store.writes.before_commit = lambda db: (commits.append(1), before_commit(db))
+        commits, before_commit = [], self.store.group_commit.before_commit
+        self.store.group_commit.before_commit = lambda db: (commits.append(1), before_commit(db))
         answers = {}
         posts = [threading.Thread(target=lambda body=body: answers.__setitem__(
             body, self.request("POST", "/api/post", {"body": body}, token)[0]))
@@ -1982,12 +1989,12 @@ class WriterTest(ServerCase):
 
     def test_a_turn_that_cannot_begin_says_why(self):
         token = self.join("alice")
-        original = self.store.writes._begin
+        original = self.store.group_commit._begin
 
         def locked():
-            self.store.writes._begin = original
+            self.store.group_commit._begin = original
             raise sqlite3.OperationalError("database is locked")
-        self.store.writes._begin = locked
+        self.store.group_commit._begin = locked
         stderr = io.StringIO()
         with contextlib.redirect_stderr(stderr):
             status, _, body = self.request("POST", "/api/post", {"body": "x"}, token)
@@ -2026,26 +2033,36 @@ class WriterTest(ServerCase):
         elsewhere = agora.Store(self.store.path)    # another server's, on the same file
         self.addCleanup(elsewhere.close)
         self.assertEqual(elsewhere.agent_for_token(old), "alice")
-        looked, before_commit = [], self.store.writes.before_commit
-        looking = threading.Thread(target=lambda: looked.append(elsewhere.agent_for_token(old)))
+        looked, before_commit, times = [], self.store.group_commit.before_commit, {}
+        started = threading.Event()
+
+        def look():
+            started.set()
+            looked.append(elsewhere.agent_for_token(old))
+            times["answered"] = time.monotonic()
+        looking = threading.Thread(target=look)
 
         def look_up_before_the_commit(db):
-            self.store.writes.before_commit = before_commit
+            self.store.group_commit.before_commit = before_commit
             time.sleep(agora.TOKEN_LOOK)            # its last look is out of date
             looking.start()
+            times["looking"] = started.wait(10)
             looking.join(0.5)               # it waits for the commit, or looks up now
+            times["committing"] = time.monotonic()
             before_commit(db)
-        self.store.writes.before_commit = look_up_before_the_commit
+        self.store.group_commit.before_commit = look_up_before_the_commit
         status, _, body = self.request("POST", "/api/join", {"name": "alice"}, old)
         self.assertEqual(status, 200, body)
         looking.join(10)
+        self.assertTrue(times["looking"], "the lookup never began before the commit")
+        self.assertGreaterEqual(times["answered"], times["committing"])    # it waited
         self.assertEqual(looked, [None])    # not the old answer, cached for good
         self.assertIsNone(elsewhere.agent_for_token(old))
         self.assertEqual(elsewhere.agent_for_token(body["token"]), "alice")
 
     def test_a_request_outwaited_by_its_client_is_still_done(self):
         token = self.join("alice")
-        self.store.writes.lock.acquire()
+        self.store.group_commit.lock.acquire()
         try:
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=0.5)
             conn.request("POST", "/api/post", body=json.dumps({"body": "patient"}),
@@ -2054,7 +2071,7 @@ class WriterTest(ServerCase):
                 conn.getresponse()
             conn.close()
         finally:
-            self.store.writes.lock.release()
+            self.store.group_commit.lock.release()
         self.assertTrue(until(lambda: self.store.query_one(
             "SELECT count(*) FROM messages WHERE body = 'patient'")[0] == 1))
         self.assertEqual(self.request("POST", "/api/post", {"body": "next"}, token)[0], 200)
@@ -2156,42 +2173,46 @@ class HostileHttpTest(ServerCase):
     def test_malformed_requests(self):
         token = self.join("alice")
         auth = f"Authorization: Bearer {token}\r\n".encode()
-        requests = [
-            b"", b"\r\n\r\n", b"GARBAGE\r\n\r\n", b"GET\r\n\r\n", b"\x00\xff\xfe\r\n\r\n",
-            b"GET /api HTTP/9.9\r\n\r\n", b"GET " + b"/a" * 40000 + b" HTTP/1.1\r\n\r\n",
-            b"POST /api/post HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
-            b"POST /api/post HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
-            b"POST /api/post HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n",
-            b"POST /api/post HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
-            b"POST /api/post HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-            b"POST /api/post HTTP/1.1\r\n" + auth + b"Content-Length: 50\r\n\r\n{\"body\": \"trunc",
-            b"POST /api/post HTTP/1.1\r\n" + auth + b"Content-Length: 14\r\n\r\n{\"body\": \"\xff\"}",
-            b"POST /api/post HTTP/1.1\r\n" + auth + b"Content-Length: 2\r\n\r\n[]",
-            b"POST /api/post HTTP/1.1\r\n" + auth + b"Content-Length: 18\r\n\r\n{\"body\": \"\\ud800\"}",
-            b"GET /api/history?channel=%FF%FE&limit=%00 HTTP/1.1\r\n" + auth + b"\r\n",
-            b"GET /api/agents?limit=1&limit=2&x HTTP/1.1\r\n" + auth + b"\r\n",
-            b"GET /%2e%2e/%2e%2e/etc/passwd HTTP/1.1\r\n\r\n",
-            b"POST /mcp HTTP/1.1\r\nContent-Length: 1\r\n\r\n{",
-            b"POST /mcp HTTP/1.1\r\nContent-Length: 31\r\n\r\n{\"jsonrpc\":\"2.0\",\"method\":\"\\ud800\"}",
-            b"POST /mcp HTTP/1.1\r\nContent-Length: 48\r\n\r\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\\ud800x\"}   ",
-            b"POST /a2a HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 3\r\n\r\n[1]",
-            b"POST /a2a HTTP/1.1\r\nContent-Type: application/json\r\nA2A-Version: \xff\r\n"
-            b"Content-Length: 2\r\n\r\n{}",
-            b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: \xff\xfe\r\n\r\n",
-            b"GET /api HTTP/1.1\r\n" + b"X: y\r\n" * 150 + b"\r\n",
-        ]
+        post = b"POST /api/post HTTP/1.1\r\n"
         nested = b"[" * 100000
-        requests.append(b"POST /mcp HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(nested) + nested)
+        answers = [                     # each request, and the status it must get
+            (b"", None), (b"\r\n\r\n", None),                  # nothing asked, nothing said
+            (b"GARBAGE\r\n\r\n", 400), (b"GET\r\n\r\n", 400), (b"\x00\xff\xfe\r\n\r\n", 400),
+            (b"GET /api HTTP/9.9\r\n\r\n", 505),
+            (b"GET " + b"/a" * 40000 + b" HTTP/1.1\r\n\r\n", 414),
+            (post + b"Content-Length: -5\r\n\r\n", 400),
+            (post + b"Content-Length: abc\r\n\r\n", 400),
+            (post + b"Content-Length: \xb2\r\n\r\n", 400),
+            (post + b"Content-Length: 99999999999999999999\r\n\r\n", 400),
+            (post + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 411),
+            (post + auth + b"Content-Length: 50\r\n\r\n{\"body\": \"trunc", 400),
+            (post + auth + b"Content-Length: 14\r\n\r\n{\"body\": \"\xff\"}", 400),
+            (post + auth + b"Content-Length: 2\r\n\r\n[]", 400),
+            (post + auth + b"Content-Length: 18\r\n\r\n{\"body\": \"\\ud800\"}", 400),
+            (b"GET /api/history?channel=%FF%FE&limit=%00 HTTP/1.1\r\n" + auth + b"\r\n", 400),
+            (b"GET /api/agents?limit=1&limit=2&x HTTP/1.1\r\n" + auth + b"\r\n", 400),
+            (b"GET /%2e%2e/%2e%2e/etc/passwd HTTP/1.1\r\n\r\n", 404),
+            (b"POST /mcp HTTP/1.1\r\nContent-Length: 1\r\n\r\n{", 400),
+            (b"POST /mcp HTTP/1.1\r\nContent-Length: 31\r\n\r\n"
+             b"{\"jsonrpc\":\"2.0\",\"method\":\"\\ud800\"}", 400),
+            (b"POST /mcp HTTP/1.1\r\nContent-Length: 48\r\n\r\n"
+             b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\\ud800x\"}   ", 400),
+            (b"POST /mcp HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(nested) + nested, 400),
+            (b"POST /a2a HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 3\r\n"
+             b"\r\n[1]", 400),
+            (b"POST /a2a HTTP/1.1\r\nContent-Type: application/json\r\nA2A-Version: \xff\r\n"
+             b"Content-Length: 2\r\n\r\n{}", 400),
+            (b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: \xff\xfe\r\n\r\n", 403),
+            (b"GET /api HTTP/1.1\r\n" + b"X: y\r\n" * 150 + b"\r\n", 431),
+        ]
         stderr = io.StringIO()
         with contextlib.redirect_stderr(stderr):
-            for data in requests:
-                answer = self.raw(data)
-                if not data.split(b"\r\n", 1)[0].strip():     # nothing asked, nothing answered
-                    self.assertEqual(answer, b"")
-                    continue
-                status = re.match(rb"HTTP/1\.[01] ([0-9]{3}) ", answer)
-                self.assertTrue(status, f"{data[:70]!r} -> {answer[:100]!r}")   # a status line
-                self.assertNotEqual(status.group(1), b"500", f"{data[:70]!r} -> {answer[:100]!r}")
+            for data, expected in answers:
+                with self.subTest(data[:60]):
+                    answer = self.raw(data)
+                    status = re.match(rb"HTTP/1\.[01] ([0-9]{3}) ", answer)
+                    self.assertEqual(int(status.group(1)) if status else answer or None,
+                                     expected, answer[:100])
             self.assertEqual(self.request("GET", "/api")[0], 200)
         self.assertNotIn("Traceback", stderr.getvalue())
 
@@ -4209,6 +4230,12 @@ class DependencyTest(StoreCase):
         self.assertEqual((task["title"], task["priority"], task["tags"], task["after"]),
                          ("ship it", 9, ["ops"], [test]))
         self.assertEqual(self.ok("task", id=deploy)["task"]["body"], "")
+        task = self.ok("update_task", id=deploy, body="what it takes")["task"]
+        self.assertEqual((task["title"], task["priority"], task["body"]),
+                         ("ship it", 9, "what it takes"))     # what was not given stays
+        for priority in (-1001, 1001):
+            self.refused(400, "update_task", id=deploy, priority=priority)
+            self.refused(400, "post_task", title="x", priority=priority)
         self.refused(403, "update_task", who="bob", id=deploy, title="mine now")
         self.ok("claim", who="bob", id=build)
         self.assertIn("claimed", self.refused(409, "update_task", id=build, title="x"))
@@ -4883,12 +4910,16 @@ class IdentityNeverMovesTest(StoreCase):
             marker.write(b".")
             marker.flush()
             time.sleep(agora.TOKEN_LOOK)                # the last look is out of date
-            looked = []
-            thread = threading.Thread(target=lambda: looked.append(
-                self.store.agent_for_token(token)))
+            looked, started = [], threading.Event()
+
+            def look():
+                started.set()
+                looked.append(self.store.agent_for_token(token))
+            thread = threading.Thread(target=look)
             thread.start()
+            self.assertTrue(started.wait(10))
             thread.join(0.5)
-            self.assertTrue(thread.is_alive())          # it waits for the commit
+            self.assertEqual(looked, [])                # it waits for the commit
         thread.join(10)
         self.assertEqual(looked, ["bob"])
 
