@@ -25,10 +25,12 @@ Run it::
 The database is ``--db PATH``, else ``$AGORA_DB``, else ``~/.agora/agora.db``.
 
 The file, top to bottom (each part builds on what comes before it, but for the
-Store's group commit, which the Runtime defines beside the other ways writes run):
+Store's group commit, which the Runtime defines beside the other ways writes run;
+follow_up, which posts through call(); and the inert data, last):
 
     Constants and schema   limits, name rules, the SQL schema and its migrations
-    Errors                 AgoraError and its classes, each with its HTTP status
+    Errors                 AgoraError and its classes, each with its HTTP status; what
+                           SQLite says of the file itself, told plainly (file_problem)
     JSON on the wire       strict parsing, compact encoding
     Store                  the SQLite file: pooled connections, transactions, changes
     Runtime                how an operation runs: the caller and its Line, long-polls
@@ -44,7 +46,8 @@ Store's group commit, which the Runtime defines beside the other ways writes run
     stdio, Remote          MCP on stdin/stdout; the CLI and the bridge to a server
     Command line           the launcher every written command runs, and install;
                            backup and check; waking (hooks, wait, the channel);
-                           the git guard; serve; main
+                           the git guard; serve; the table of commands, the parser;
+                           main
     Web                    the page's HTML, CSS and script (inert data)
     OpenCode's plugin      agora's hooks as the plugin hook install writes (inert data)
 """
@@ -448,6 +451,75 @@ class InternalError(Refusal):
 class Unreachable(AgoraError):
     """A remote agora did not answer (the CLI's --url, the stdio bridge)."""
     status = 502
+
+
+# What SQLite says when the file itself is at fault, not agora: told plainly.
+ON_SUSPECTED_DAMAGE = ("try again: a read the disk failed once passes; if it goes on, "
+                       "`agora check` says whether the file is damaged")
+# A read that fails in the disk can look like damage to SQLite: only `check`, which reads
+# the file again, calls it damaged.
+FILE_PROBLEMS = (
+    ("malformed", "could not be read", ON_SUSPECTED_DAMAGE),
+    ("not a database", "could not be read", ON_SUSPECTED_DAMAGE),
+    ("vtable constructor failed", "could not be read", ON_SUSPECTED_DAMAGE),
+    ("locked", "stayed locked by another process", "try again"),
+    ("busy", "stayed locked by another process", "try again"),
+    ("disk is full", "cannot grow: the disk is full", "free some space"),
+    ("readonly", "cannot be written", "check its permissions"),
+    ("disk i/o", "could not be read or written", "check the disk"),
+)
+DAMAGE = ("malformed", "not a database")       # what check confirms by reading again
+
+
+def descriptors_run_out():
+    """Answer whether this process has no file descriptor left to open (EMFILE)."""
+    try:
+        os.close(os.open(os.devnull, os.O_RDONLY))
+    except OSError as error:
+        return error.errno in (errno.EMFILE, errno.ENFILE)
+    return False
+
+
+def disk_full(path):
+    """Answer whether the disk holding PATH has no space left (as its user sees it)."""
+    try:
+        stat = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except (OSError, AttributeError):       # no statvfs here (Windows): cannot tell
+        return False
+    return stat.f_bavail * stat.f_frsize < 64 * 1024
+
+
+def no_space(path, error):
+    """Answer the StoreError for a disk with no space left, which holds PATH."""
+    return StoreError(f"no space left on the disk holding {path} ({error})",
+                      hint="free some space: nothing is lost, and it works again then")
+
+
+def file_problem(path, error):
+    """Answer a StoreError for a fault of the database file at PATH (an sqlite3 ERROR), or
+    None for anything else. What SQLite calls an I/O error or a file it cannot open is
+    told by its cause when agora can find it: no descriptor left (a crowd of
+    connections), no space left on the disk (SQLite must create its -wal and -shm);
+    both pass by themselves once the cause is gone."""
+    if not isinstance(error, sqlite3.DatabaseError):
+        return None
+    text = str(error).lower()
+    if "unable to open" in text and descriptors_run_out():
+        return StoreError(f"too many open files: {path} (or a temporary file) could not be "
+                          f"opened ({error})",
+                          hint="raise the limit (ulimit -n) or close connections")
+    if ("disk i/o" in text or "unable to open" in text) and disk_full(path):
+        return no_space(path, error)
+    if "unable to open" in text:
+        return StoreError(f"the database file {path} (or a temporary file beside it) could "
+                          f"not be opened ({error})",
+                          hint="check the folder's permissions, its free space and the "
+                               "open-files limit (ulimit -n)")
+    for needle, what, hint in FILE_PROBLEMS:
+        if needle in text:      # SQLite's words for damage are not said till check agrees
+            said = "" if hint == ON_SUSPECTED_DAMAGE else f" ({error})"
+            return StoreError(f"the database file {path} {what}{said}", hint=hint)
+    return None
 
 
 ###############################################################################
@@ -1281,75 +1353,6 @@ class GroupCommit:
             self.on_commit()
 
 
-# What SQLite says when the file itself is at fault, not agora: told plainly.
-ON_SUSPECTED_DAMAGE = ("try again: a read the disk failed once passes; if it goes on, "
-                       "`agora check` says whether the file is damaged")
-# A read that fails in the disk can look like damage to SQLite: only `check`, which reads
-# the file again, calls it damaged.
-FILE_PROBLEMS = (
-    ("malformed", "could not be read", ON_SUSPECTED_DAMAGE),
-    ("not a database", "could not be read", ON_SUSPECTED_DAMAGE),
-    ("vtable constructor failed", "could not be read", ON_SUSPECTED_DAMAGE),
-    ("locked", "stayed locked by another process", "try again"),
-    ("busy", "stayed locked by another process", "try again"),
-    ("disk is full", "cannot grow: the disk is full", "free some space"),
-    ("readonly", "cannot be written", "check its permissions"),
-    ("disk i/o", "could not be read or written", "check the disk"),
-)
-DAMAGE = ("malformed", "not a database")       # what check confirms by reading again
-
-
-def descriptors_run_out():
-    """Answer whether this process has no file descriptor left to open (EMFILE)."""
-    try:
-        os.close(os.open(os.devnull, os.O_RDONLY))
-    except OSError as error:
-        return error.errno in (errno.EMFILE, errno.ENFILE)
-    return False
-
-
-def disk_full(path):
-    """Answer whether the disk holding PATH has no space left (as its user sees it)."""
-    try:
-        stat = os.statvfs(os.path.dirname(os.path.abspath(path)))
-    except (OSError, AttributeError):       # no statvfs here (Windows): cannot tell
-        return False
-    return stat.f_bavail * stat.f_frsize < 64 * 1024
-
-
-def no_space(path, error):
-    """Answer the StoreError for a disk with no space left, which holds PATH."""
-    return StoreError(f"no space left on the disk holding {path} ({error})",
-                      hint="free some space: nothing is lost, and it works again then")
-
-
-def file_problem(path, error):
-    """Answer a StoreError for a fault of the database file at PATH (an sqlite3 ERROR), or
-    None for anything else. What SQLite calls an I/O error or a file it cannot open is
-    told by its cause when agora can find it: no descriptor left (a crowd of
-    connections), no space left on the disk (SQLite must create its -wal and -shm);
-    both pass by themselves once the cause is gone."""
-    if not isinstance(error, sqlite3.DatabaseError):
-        return None
-    text = str(error).lower()
-    if "unable to open" in text and descriptors_run_out():
-        return StoreError(f"too many open files: {path} (or a temporary file) could not be "
-                          f"opened ({error})",
-                          hint="raise the limit (ulimit -n) or close connections")
-    if ("disk i/o" in text or "unable to open" in text) and disk_full(path):
-        return no_space(path, error)
-    if "unable to open" in text:
-        return StoreError(f"the database file {path} (or a temporary file beside it) could "
-                          f"not be opened ({error})",
-                          hint="check the folder's permissions, its free space and the "
-                               "open-files limit (ulimit -n)")
-    for needle, what, hint in FILE_PROBLEMS:
-        if needle in text:      # SQLite's words for damage are not said till check agrees
-            said = "" if hint == ON_SUSPECTED_DAMAGE else f" ({error})"
-            return StoreError(f"the database file {path} {what}{said}", hint=hint)
-    return None
-
-
 def report_bug(where):
     """Write the exception being handled, and WHERE it happened, to stderr: never raising,
     so that the threads that must live on (the writer, the parker) can report through
@@ -1817,6 +1820,10 @@ count stopped at COUNT_CAP (the total is then a lower bound), and the newest id.
 NO_COUNTS = Counts({}, 0, False, 0)
 
 
+def _ids(text):
+    return sorted(int(part) for part in text.split(",")) if text else []
+
+
 def _count(db, channel, after, upto, me, skip="", cap=COUNT_CAP):
     """Answer (how many of CHANNEL's messages past AFTER up to UPTO are not ME's nor in
     SKIP (ids, comma-separated), up to CAP (None: all); the newest of them): by default
@@ -1913,10 +1920,6 @@ HELD_TASK = f"status = 'claimed' AND {TASK_STATE} = 'claimed'"
 # by its lease running out, which the lease itself says. With READY_TASK: still ready.
 NEWLY_READY = (f"(ready_seq > :told OR status = 'claimed' AND "
                f"{still_running('lease_until', ':told_lease')} AND {ran_out('lease_until')})")
-
-
-def _ids(text):
-    return sorted(int(part) for part in text.split(",")) if text else []
 
 
 def _task(row):
@@ -2379,6 +2382,24 @@ def op_profile(store, caller, args, now):
 AGENT_ITEMS = 10            # held tasks and reservations `agents` shows per agent
 
 
+def _agent_line(agent, now, unread):
+    line = f"{agent['id']} seen {age(now - agent['seen'])}"
+    if agent["status"]:
+        line += f" · {clip(agent['status'], 100)}"
+    if "unread" in agent:
+        line += f" · {count_text(unread.total, unread.capped)} unread"
+    if agent["held"]:
+        line += " · holding " + ", ".join(f"#{task['id']} \"{clip(task['title'], 40)}\" "
+                                          f"({age(task['lease_until'] - now)} left)"
+                                          for task in agent["held"])
+    if agent["reserved"]:
+        line += " · reserved " + ", ".join(
+            r["path"] + (f" in {r['project']}" if r["project"] else "") for r in agent["reserved"])
+    if agent["about"]:
+        line += f" — {clip(agent['about'], 100)}"
+    return line
+
+
 @operation("agents", "Who is here: status, last seen, the tasks each holds and the paths "
            "each reserved, most recent first.", {"limit": LIMIT}, readonly=True)
 def op_agents(store, caller, args, now):
@@ -2404,24 +2425,6 @@ def op_agents(store, caller, args, now):
             agents.append(agent)
     return Result({"agents": agents}, lambda: "\n".join(
         _agent_line(agent, now, unread) for agent in agents) or "nobody yet")
-
-
-def _agent_line(agent, now, unread):
-    line = f"{agent['id']} seen {age(now - agent['seen'])}"
-    if agent["status"]:
-        line += f" · {clip(agent['status'], 100)}"
-    if "unread" in agent:
-        line += f" · {count_text(unread.total, unread.capped)} unread"
-    if agent["held"]:
-        line += " · holding " + ", ".join(f"#{task['id']} \"{clip(task['title'], 40)}\" "
-                                          f"({age(task['lease_until'] - now)} left)"
-                                          for task in agent["held"])
-    if agent["reserved"]:
-        line += " · reserved " + ", ".join(
-            r["path"] + (f" in {r['project']}" if r["project"] else "") for r in agent["reserved"])
-    if agent["about"]:
-        line += f" — {clip(agent['about'], 100)}"
-    return line
 
 
 # Channels and messages -------------------------------------------------------
@@ -2705,6 +2708,46 @@ def op_read(store, caller, args, now):
     return Result(body, text)
 
 
+def _settle(db, me, cursor, given_upto, ids, upto):
+    """Make final, on one of ME's cursors, the given messages among IDS, or (no IDS) those
+    up to UPTO (None: all it gave); keep the cursor's invariant (see _deliver) and answer
+    how many held messages became final."""
+    channel, final = cursor["channel"], set(_ids(cursor["acked_past"]))
+    held = cursor["acked_id"] is not None
+    position = cursor["acked_id"] if held else cursor["last_id"]
+    end = cursor["last_id"] if held else given_upto
+    if ids is None:
+        bound = min(end, upto or end)
+        if bound <= position:
+            return 0
+        newly = _count(db, channel, position, bound, me, ",".join(map(str, final)),
+                       cap=None)[0]
+        position, final = bound, {i for i in final if i > bound}
+    else:
+        fresh = {i for i in ids if position < i <= end} - final
+        newly = len(fresh) if held else 0
+        final |= fresh
+        # the run of final messages just past the position joins it
+        for (next_id,) in db.execute(
+                "SELECT id FROM messages WHERE channel = ? AND id > ? AND id <= ? AND "
+                "sender != ? ORDER BY id LIMIT ?", (channel, position, end, me, len(final) + 1)):
+            if next_id not in final:
+                break
+            position = next_id
+            final.discard(next_id)
+    done = held and position >= cursor["last_id"]
+    db.execute(
+        "UPDATE cursors SET acked_id = :acked, held_until = CASE WHEN :done THEN NULL ELSE "
+        "held_until END, last_id = max(last_id, :last), acked_past = :past, "
+        f"{REDELIVERY_ENDS}, held_count = CASE WHEN :done THEN 0 ELSE "
+        "max(0, held_count - :newly) END WHERE agent = :me AND channel = :channel",
+        {"acked": None if done or not held else position, "done": done,
+         "newly": newly if held else 0,
+         "last": cursor["last_id"] if held else position, "final": position,
+         "past": ",".join(map(str, sorted(final))) or None, "me": me, "channel": channel})
+    return newly if held else 0
+
+
 @operation("ack", "Acknowledge what you were given (up to an id, these ids, or all): held "
            "ones stop coming back; senders who asked hear.",
            {"upto": ID, "ids": {"type": "array", "items": ID, "maxItems": MAX_LIMIT,
@@ -2759,46 +2802,6 @@ def op_ack(store, caller, args, now):
     return Result({"acked": acked, "receipts": len(receipts)},
                   f"acknowledged {acked} held message{'s' if acked != 1 else ''}"
                   f"{said}")
-
-
-def _settle(db, me, cursor, given_upto, ids, upto):
-    """Make final, on one of ME's cursors, the given messages among IDS, or (no IDS) those
-    up to UPTO (None: all it gave); keep the cursor's invariant (see _deliver) and answer
-    how many held messages became final."""
-    channel, final = cursor["channel"], set(_ids(cursor["acked_past"]))
-    held = cursor["acked_id"] is not None
-    position = cursor["acked_id"] if held else cursor["last_id"]
-    end = cursor["last_id"] if held else given_upto
-    if ids is None:
-        bound = min(end, upto or end)
-        if bound <= position:
-            return 0
-        newly = _count(db, channel, position, bound, me, ",".join(map(str, final)),
-                       cap=None)[0]
-        position, final = bound, {i for i in final if i > bound}
-    else:
-        fresh = {i for i in ids if position < i <= end} - final
-        newly = len(fresh) if held else 0
-        final |= fresh
-        # the run of final messages just past the position joins it
-        for (next_id,) in db.execute(
-                "SELECT id FROM messages WHERE channel = ? AND id > ? AND id <= ? AND "
-                "sender != ? ORDER BY id LIMIT ?", (channel, position, end, me, len(final) + 1)):
-            if next_id not in final:
-                break
-            position = next_id
-            final.discard(next_id)
-    done = held and position >= cursor["last_id"]
-    db.execute(
-        "UPDATE cursors SET acked_id = :acked, held_until = CASE WHEN :done THEN NULL ELSE "
-        "held_until END, last_id = max(last_id, :last), acked_past = :past, "
-        f"{REDELIVERY_ENDS}, held_count = CASE WHEN :done THEN 0 ELSE "
-        "max(0, held_count - :newly) END WHERE agent = :me AND channel = :channel",
-        {"acked": None if done or not held else position, "done": done,
-         "newly": newly if held else 0,
-         "last": cursor["last_id"] if held else position, "final": position,
-         "past": ",".join(map(str, sorted(final))) or None, "me": me, "channel": channel})
-    return newly if held else 0
 
 
 @operation("history", "Past messages of a channel, a page at a time; @agent is your "
@@ -3038,19 +3041,6 @@ DEPS_CHANGED = "UPDATE counters SET value = value + 1 WHERE name = 'deps'"
 WALK_STEP = 500             # tasks one query of a walk asks about (SQLite's variables)
 
 
-def _check_after(db, task_id, after):
-    """Refuse an AFTER list for task TASK_ID that names an unknown task or makes a cycle."""
-    known = {row[0] for row in db.execute(
-        f"SELECT id FROM tasks WHERE id IN ({','.join('?' * len(after))})", after)}
-    for other in after:
-        if other not in known:
-            raise NotFound(f"no task #{other} to wait for", hint="see tasks which=all")
-    cycle = _cycle_through(db, task_id, after) if task_id is not None else None
-    if cycle:
-        raise BadRequest("after would make a cycle: " + " -> ".join(f"#{i}" for i in cycle),
-                         hint="a task cannot wait, even through others, for itself")
-
-
 def _cycle_through(db, task_id, after):
     """Answer the cycle of waits [TASK_ID, ..., TASK_ID] that TASK_ID waiting for AFTER
     would make, or None.
@@ -3076,6 +3066,19 @@ def _cycle_through(db, task_id, after):
         path.append(node)
         node = parents[node]
     return [task_id] + path[::-1]
+
+
+def _check_after(db, task_id, after):
+    """Refuse an AFTER list for task TASK_ID that names an unknown task or makes a cycle."""
+    known = {row[0] for row in db.execute(
+        f"SELECT id FROM tasks WHERE id IN ({','.join('?' * len(after))})", after)}
+    for other in after:
+        if other not in known:
+            raise NotFound(f"no task #{other} to wait for", hint="see tasks which=all")
+    cycle = _cycle_through(db, task_id, after) if task_id is not None else None
+    if cycle:
+        raise BadRequest("after would make a cycle: " + " -> ".join(f"#{i}" for i in cycle),
+                         hint="a task cannot wait, even through others, for itself")
 
 
 def _set_after(db, task_id, after):
@@ -3115,6 +3118,13 @@ def op_post_task(store, caller, args, now):
     waits = f"; it waits for {', '.join(f'#{i}' for i in after)}" if after else ""
     return Result({"id": task_id}, f"posted task #{task_id} \"{clip(args['title'])}\""
                   f"{waits}")
+
+
+def _find_task(db, task_id, now):
+    row = db.execute(f"{TASK_ROWS} WHERE id = :id", {"id": task_id, "now": now}).fetchone()
+    if row is None:
+        raise NotFound(f"no task #{task_id}", hint="tasks lists them")
+    return row
 
 
 @operation("update_task", "Change an open task you posted; after replaces its list.",
@@ -3181,11 +3191,12 @@ def op_tasks(store, caller, args, now):
                   or f"no {args['which']} tasks")
 
 
-def _find_task(db, task_id, now):
-    row = db.execute(f"{TASK_ROWS} WHERE id = :id", {"id": task_id, "now": now}).fetchone()
-    if row is None:
-        raise NotFound(f"no task #{task_id}", hint="tasks lists them")
-    return row
+def _blockers(db, task_ids, now):
+    """Answer the tasks of TASK_IDS, in id order."""
+    ids = {f"id{n}": task_id for n, task_id in enumerate(task_ids)}
+    return [_task(row) for row in db.execute(
+        f"{TASK_ROWS} WHERE id IN ({','.join(':' + key for key in ids)}) ORDER BY id",
+        dict(ids, now=now))]
 
 
 @operation("task", "One task in full.", {"id": ID}, required=["id"], readonly=True)
@@ -3209,6 +3220,10 @@ def op_task(store, caller, args, now):
 
 def _quote(task):
     return f"#{task['id']} \"{clip(task['title'], 60)}\""
+
+
+def _blockers_text(db, task_ids, now):
+    return ", ".join(f"#{task['id']} ({task['status']})" for task in _blockers(db, task_ids, now))
 
 
 @operation("claim", "Take a task under a lease: the given id, or the best ready one "
@@ -3259,18 +3274,6 @@ def op_claim(store, caller, args, now):
                   f"{_task_line(task, now)}\n"
                   f"next: done id={task['id']} result=... when finished; "
                   f"extend id={task['id']} if you need longer")
-
-
-def _blockers(db, task_ids, now):
-    """Answer the tasks of TASK_IDS, in id order."""
-    ids = {f"id{n}": task_id for n, task_id in enumerate(task_ids)}
-    return [_task(row) for row in db.execute(
-        f"{TASK_ROWS} WHERE id IN ({','.join(':' + key for key in ids)}) ORDER BY id",
-        dict(ids, now=now))]
-
-
-def _blockers_text(db, task_ids, now):
-    return ", ".join(f"#{task['id']} ({task['status']})" for task in _blockers(db, task_ids, now))
 
 
 def _dependents_hear(db, task, me, now):
@@ -4027,6 +4030,13 @@ def _mcp_discover(endpoint, params):
             "instructions": MCP_INSTRUCTIONS, "_meta": {MCP_META + "serverInfo": MCP_SERVER_INFO}}
 
 
+def as_channel(result):
+    """Answer an initialize RESULT that also declares a Claude Code channel."""
+    result.setdefault("capabilities", {}).setdefault("experimental", {})[CHANNEL_CAPABILITY] = {}
+    result["instructions"] = result.get("instructions", "") + CHANNEL_INSTRUCTIONS
+    return result
+
+
 def _mcp_initialize(endpoint, params):
     requested = params.get("protocolVersion")
     # Never refuse: answer the newest revision we speak and let the client decide.
@@ -4035,13 +4045,6 @@ def _mcp_initialize(endpoint, params):
               "serverInfo": MCP_SERVER_INFO,
               "instructions": MCP_INSTRUCTIONS}
     return as_channel(result) if endpoint.channel else result
-
-
-def as_channel(result):
-    """Answer an initialize RESULT that also declares a Claude Code channel."""
-    result.setdefault("capabilities", {}).setdefault("experimental", {})[CHANNEL_CAPABILITY] = {}
-    result["instructions"] = result.get("instructions", "") + CHANNEL_INSTRUCTIONS
-    return result
 
 
 def _mcp_ping(endpoint, params):
@@ -4726,6 +4729,43 @@ class Headers:
         return list(self.fields)
 
 
+IDLE = "idle"               # RequestHandler.parked of a connection the Parker keeps idle
+
+
+class Waiter:
+    """A parked wait: its connection's HANDLER, the REQUEST to run again, the WATCH of what
+    ends it, when its request began (STARTED: the longest waiting began first), and when
+    it ends unless news comes first (ENDS, a monotonic time)."""
+
+    __slots__ = ("handler", "request", "watch", "started", "reading", "ends")
+
+    def __init__(self, handler, request, watch, started):
+        self.handler, self.request, self.watch, self.started = handler, request, watch, started
+        self.reading, self.ends = True, None
+
+    @property
+    def line(self):
+        """Answer the request's Line: its deadline and long-poll slot."""
+        return self.request.caller.line
+
+    @property
+    def address(self):
+        """Answer the client's address."""
+        return self.handler.client_address[0]
+
+
+def is_loopback(host):
+    """Answer whether HOST names this machine only."""
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
+
+
 class RequestHandler:
     """HTTP framing for the faces; mixed into BaseHTTPRequestHandler.
 
@@ -5052,31 +5092,6 @@ class RequestHandler:
 
     def log_message(self, format, *args):
         """Stay quiet: handle_one_method logs one line per request itself."""
-
-
-IDLE = "idle"               # RequestHandler.parked of a connection the Parker keeps idle
-
-
-class Waiter:
-    """A parked wait: its connection's HANDLER, the REQUEST to run again, the WATCH of what
-    ends it, when its request began (STARTED: the longest waiting began first), and when
-    it ends unless news comes first (ENDS, a monotonic time)."""
-
-    __slots__ = ("handler", "request", "watch", "started", "reading", "ends")
-
-    def __init__(self, handler, request, watch, started):
-        self.handler, self.request, self.watch, self.started = handler, request, watch, started
-        self.reading, self.ends = True, None
-
-    @property
-    def line(self):
-        """Answer the request's Line: its deadline and long-poll slot."""
-        return self.request.caller.line
-
-    @property
-    def address(self):
-        """Answer the client's address."""
-        return self.handler.client_address[0]
 
 
 ANSWER_BATCH = 256          # parked waits answered in one write turn (one commit)
@@ -5625,18 +5640,6 @@ class Server:
         super().handle_error(request, client_address)
 
 
-def is_loopback(host):
-    """Answer whether HOST names this machine only."""
-    import ipaddress
-    if host == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
-
-
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
 
@@ -5912,6 +5915,17 @@ def bridge_answer(url, token, channel=False):
     return forward
 
 
+def default_db_path(create=True):
+    """Answer $AGORA_DB, else ~/.agora/agora.db (creating its folder, when CREATE)."""
+    path = os.environ.get("AGORA_DB")
+    if path:
+        return path
+    folder = os.path.join(os.path.expanduser("~"), ".agora")
+    if create:
+        os.makedirs(folder, mode=0o700, exist_ok=True)  # private: it holds everyone's mail
+    return os.path.join(folder, "agora.db")
+
+
 class AgentLink:
     """One agent's way to agora for the commands that wait on it (wait, hook, the channel):
     the local file as an asserted NAME, or a server at URL with TOKEN."""
@@ -5957,17 +5971,6 @@ def ops_markdown():
     return "\n".join(lines) + "\n"
 
 
-def default_db_path(create=True):
-    """Answer $AGORA_DB, else ~/.agora/agora.db (creating its folder, when CREATE)."""
-    path = os.environ.get("AGORA_DB")
-    if path:
-        return path
-    folder = os.path.join(os.path.expanduser("~"), ".agora")
-    if create:
-        os.makedirs(folder, mode=0o700, exist_ok=True)  # private: it holds everyone's mail
-    return os.path.join(folder, "agora.db")
-
-
 def _parse_address(text):
     host, sep, port = text.rpartition(":")
     if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
@@ -5986,8 +5989,6 @@ def _command_word(argv):
     return None
 
 
-CLI_COMMANDS = ("serve", "stdio", "wait", "hook", "guard", "ops", "backup", "check",
-                "install")
 HOOK_EVENTS = ("session-start", "prompt", "stop", "wake")
 COMMAND = object()          # where a hook entry's command line goes (HookClient.entry)
 
@@ -6067,162 +6068,6 @@ WAKE_TIMEOUT = 86400        # seconds hook wake waits for news, by default: past
 DEFAULT_BIN = "~/.local/bin"    # where install writes the agora command
 
 
-def _build_parser(command=None, argv=()):
-    """Answer the argument parser; for an operation, with that operation's parser only.
-
-    Building all of them costs milliseconds that a one-shot command would
-    spend for nothing; the full set is built for help and for unknown words.
-    """
-    import argparse
-
-    class Parser(argparse.ArgumentParser):
-        """An ArgumentParser that asks os for the terminal's width itself: argparse asks
-        shutil, whose import (bz2 and lzma with it) costs a one-shot command more than
-        all of its own work."""
-
-        def _get_formatter(self):
-            try:
-                columns = int(os.environ.get("COLUMNS")
-                              or os.get_terminal_size(sys.__stdout__.fileno()).columns)
-            except (AttributeError, OSError, ValueError):
-                columns = 80
-            return self.formatter_class(prog=self.prog, width=columns - 2)
-
-    class HookParser(Parser):
-        """A hook never exits 2, which Claude Code reads as "block": one line, exit 0.
-        `hook install`, which a person runs, is a command like any other (exit 2)."""
-
-        def error(self, message):
-            if argv[argv.index("hook") + 1:][:1] == ["install"]:
-                super().error(message)
-            named = argv[argv.index("--client") + 1:][:1] if "--client" in argv else []
-            client = named[0] if named and named[0] in HOOK_CLIENTS else "claude"
-            sys.exit(hook_trouble(message, running_client(client)))
-    parser_class = HookParser if command == "hook" else Parser
-    parser = parser_class(
-        prog="agora", description="Where AI agents meet: channels, mail, tasks and notes.",
-        epilog="Run 'agora ops' to list the operations, 'agora OP -h' for one of them.")
-    parser.add_argument("--version", action="version", version=f"agora {__version__}")
-    common = Parser(add_help=False)
-    common.add_argument("--db", default=argparse.SUPPRESS,
-                        help="the database file (default $AGORA_DB or ~/.agora/agora.db)")
-    parser.add_argument("--db", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND",
-                                     parser_class=parser_class)
-
-    def wanted(name):
-        """Answer whether to build command NAME's parser (None: the operations')."""
-        return command == name or command not in CLI_COMMANDS and offered(command) is None
-
-    if wanted("serve"):
-        serve_parser = commands.add_parser("serve", parents=[common], help="serve HTTP (REST)")
-        serve_parser.add_argument("--addr", default=f"127.0.0.1:{DEFAULT_PORT}",
-                                  help="HOST:PORT to listen on; port 0 picks a free one")
-        serve_parser.add_argument("--join-key", default=os.environ.get("AGORA_JOIN_KEY"),
-                                  help="the key join must present (default $AGORA_JOIN_KEY)")
-        serve_parser.add_argument("--open", action="store_true",
-                                  help="allow a non-loopback address without a join key")
-        serve_parser.add_argument("--allow-host", action="append", default=[], metavar="HOST",
-                                  help="also answer to this Host (repeatable)")
-        serve_parser.add_argument("--quiet", action="store_true", help="log no requests")
-        serve_parser.add_argument("--public-url", metavar="URL",
-                                  help="the base URL clients reach, for the A2A agent card "
-                                       "(default: the request's Host)")
-        serve_parser.add_argument("--a2a-guest", metavar="NAME",
-                                  help="let A2A requests without a token act as agent NAME")
-        serve_parser.add_argument("--a2a-block", type=int, default=A2A_DEFAULT_BLOCK,
-                                  metavar="SECONDS", help="longest wait of a blocking A2A "
-                                  f"SendMessage (default {A2A_DEFAULT_BLOCK})")
-        serve_parser.add_argument("--max-waiters", type=int, default=Server.max_waiters,
-                                  metavar="N", help="waiting requests held at once; past it "
-                                  "the longest waiting is answered 'nothing new' (default "
-                                  f"{Server.max_waiters:,}, fewer if open files are short)")
-    remote = Parser(add_help=False)
-    remote.add_argument("--url", default=os.environ.get("AGORA_URL"),
-                        help="a remote agora to use instead of the file (default $AGORA_URL)")
-    remote.add_argument("--token", help="the bearer token for --url (default: --token-file's, "
-                                         "else $AGORA_TOKEN; other local users can read a "
-                                         "command line, so prefer those)")
-    remote.add_argument("--token-file", metavar="PATH",
-                        help="read the bearer token for --url from this file")
-    if wanted("stdio"):
-        stdio_parser = commands.add_parser("stdio", parents=[common, remote],
-                                           help="speak MCP on stdin/stdout as one agent "
-                                                "(with --url: a bridge to a remote agora)")
-        stdio_parser.add_argument("--as", dest="as_name", metavar="NAME",
-                                  help="act as this agent on the local file (default $AGORA_AS)")
-        stdio_parser.add_argument("--channel", action="store_true",
-                                  help="also be a Claude Code channel: push news as it comes")
-        stdio_parser.add_argument("--tasks", action="store_true",
-                                  help="with --channel: tasks that become ready are news too")
-    waiting = Parser(add_help=False)
-    waiting.add_argument("--as", dest="as_name", metavar="NAME",
-                         help="act as this agent on the local file (default $AGORA_AS)")
-    waiting.add_argument("--tasks", action="store_true",
-                         help="tasks that become ready to claim are news too")
-    if wanted("wait"):
-        wait_parser = commands.add_parser("wait", parents=[common, remote, waiting],
-                                          help="block until there is news, print it")
-        wait_parser.add_argument("--timeout", type=float, metavar="SECONDS",
-                                 help="give up after this long: no output, exit 124")
-        wait_parser.add_argument("--follow", action="store_true",
-                                 help="keep going: print each batch of news as it comes")
-    if wanted("hook"):
-        hook_parser = commands.add_parser("hook", parents=[common, remote, waiting],
-                                          help="a coding client's hook (or: hook install CLIENT)")
-        hook_parser.add_argument("event", choices=HOOK_EVENTS + ("install",))
-        hook_parser.add_argument("target", nargs="?", choices=tuple(HOOK_CLIENTS),
-                                 help="with install: the client to install the hooks for")
-        hook_parser.add_argument("--client", choices=tuple(HOOK_CLIENTS), default="claude")
-        hook_parser.add_argument("--timeout", type=float, default=WAKE_TIMEOUT, metavar="SECONDS",
-                                 help=f"how long wake waits (default {WAKE_TIMEOUT})")
-        hook_parser.add_argument("--dir", default=".", help="with install: the project folder")
-        hook_parser.add_argument("--user", action="store_true",
-                                 help="with install: the user's settings, for every project")
-        hook_parser.add_argument("--project", action="store_true",
-                                 help="with install: the project's settings, for a client "
-                                      "whose hooks go to the user's by default (copilot)")
-    if wanted("guard"):
-        guard_parser = commands.add_parser("guard", parents=[common, remote, waiting],
-                                           help="check staged paths against others' reservations "
-                                                "(or: guard install, the git pre-commit hook)")
-        guard_parser.add_argument("paths", nargs="*", metavar="PATH",
-                                  help="paths to check (default: what git has staged)")
-        guard_parser.add_argument("--project", default="", help="the project of the reservations")
-        guard_parser.add_argument("--strict", action="store_true",
-                                  help="refuse (exit 1) when agora cannot be reached")
-        guard_parser.add_argument("--force", action="store_true",
-                                  help="with install: write into a hooks folder outside the "
-                                       "repository, or one git tracks")
-    if wanted("ops"):
-        ops_parser = commands.add_parser("ops", parents=[common], help="list the operations")
-        ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
-    if wanted("backup"):
-        backup_parser = commands.add_parser("backup", parents=[common],
-                                            help="copy the live file, safely while others write")
-        backup_parser.add_argument("path", metavar="PATH", help="the copy to write")
-        backup_parser.add_argument("--force", action="store_true",
-                                   help="replace PATH if it exists")
-    if wanted("check"):
-        commands.add_parser("check", parents=[common],
-                            help="check the file's integrity; say its schema and counts")
-    if wanted("install"):
-        install_parser = commands.add_parser(
-            "install", help="write the agora command: this command line, started quickly")
-        install_parser.add_argument("folder", nargs="?", metavar="DIR",
-                                    help=f"where to write it (default {DEFAULT_BIN})")
-    identity = Parser(add_help=False)
-    identity.add_argument("--as", dest="as_name", metavar="NAME",
-                          help="act as this agent on the local file (default $AGORA_AS)")
-    identity.add_argument("--json", action="store_true", help="print the JSON body")
-    for op in [offered(command)] if offered(command) else (
-            public_operations() if wanted(None) else ()):
-        sub = commands.add_parser(op.name, parents=[common, identity, remote], help=op.summary,
-                                  description=f"{op.summary}\narguments: {op.usage()}")
-        sub.add_argument("pairs", nargs="*", metavar="key=value")
-    return parser
-
-
 class UsageError(ValueError):
     """A command line that cannot run as given: main says why and exits 2."""
 
@@ -6255,6 +6100,17 @@ def _identity(options):
     return options.as_name or os.environ.get("AGORA_AS") or None
 
 
+def _link(options, timeout=REMOTE_TIMEOUT, operator=False):
+    """Answer the AgentLink OPTIONS name; raise UsageError when they name no agent (with
+    OPERATOR none is needed: whoever runs agora on its file may join)."""
+    as_name = _identity(options)
+    if options.url:
+        return AgentLink(url=options.url, token=bearer_token(options), timeout=timeout)
+    if not as_name and not operator:
+        raise UsageError("no identity: pass --as NAME (or set $AGORA_AS), or --url and --token")
+    return AgentLink(db=getattr(options, "db", None), name=as_name, timeout=timeout)
+
+
 def _run_op(name, options):
     """Run one operation, locally or over --url, and print its text (or JSON)."""
     args = {}
@@ -6277,24 +6133,15 @@ def _run_op(name, options):
     return 0
 
 
-def _print_ops(markdown):
-    if markdown:
+def _ops_command(options):
+    """Print every operation the faces offer and its arguments (--markdown: README's table)."""
+    if options.markdown:
         sys.stdout.write(ops_markdown())
-        return
+        return 0
     for op in public_operations():
         flags = " (read-only)" if op.readonly else ""
         print(f"{op.name} {op.usage()}{flags}\n    {op.summary}")
-
-
-def _link(options, timeout=REMOTE_TIMEOUT, operator=False):
-    """Answer the AgentLink OPTIONS name; raise UsageError when they name no agent (with
-    OPERATOR none is needed: whoever runs agora on its file may join)."""
-    as_name = _identity(options)
-    if options.url:
-        return AgentLink(url=options.url, token=bearer_token(options), timeout=timeout)
-    if not as_name and not operator:
-        raise UsageError("no identity: pass --as NAME (or set $AGORA_AS), or --url and --token")
-    return AgentLink(db=getattr(options, "db", None), name=as_name, timeout=timeout)
+    return 0
 
 
 def write_file(path, text, executable=False):
@@ -6425,9 +6272,6 @@ def cache_bytecode():
     return True
 
 
-LONG_LIVED = ("serve", "stdio")     # commands whose process outlives its start
-
-
 def _restart_from_bytecode(argv):
     """Run this command again, in this same process, through the launcher: isolated, with
     agora from its bytecode cache. A script is compiled whole on every start, and what the
@@ -6524,6 +6368,10 @@ def _backup_target(source, path, force):
     return target
 
 
+def _size_text(size):
+    return f"{size / 1048576:.1f} MB" if size >= 1048576 else f"{size / 1024:.0f} KB"
+
+
 def _backup_command(options):
     """Copy the live file to PATH as it stood at one moment, while others go on writing.
 
@@ -6570,10 +6418,6 @@ def _backup_command(options):
         store.close()
     print(f"backed up {source} to {target}: {_size_text(os.path.getsize(target))}, {summary}")
     return 0
-
-
-def _size_text(size):
-    return f"{size / 1048576:.1f} MB" if size >= 1048576 else f"{size / 1024:.0f} KB"
 
 
 def _check_command(options):
@@ -6751,36 +6595,6 @@ def interactive_session():
     return not os.environ.get("CLAUDE_CODE_ENTRYPOINT", "").startswith("sdk")
 
 
-def _hook_command(options):
-    """Run one hook; it never breaks the client's session (at most one line; exit 0, or 2
-    where that is how the person is told, and no more: hook_trouble)."""
-    if options.event == "install":
-        return _install_hooks(options)
-    given = _hook_input()               # read it all, so the client never blocks on us
-    client = running_client(options.client)
-    if options.event == "wake":
-        return _wake(options) if HOOK_CLIENTS[client].wakes else 0
-    if not hook_takes(options.event, client):
-        return 0                        # the client takes nothing: nothing is told
-    if options.event == "stop" and given.get("stop_hook_active") is True:
-        return 0                        # it goes on because of a stop hook already
-    try:
-        link = _link(options, HOOK_TIMEOUT)
-        try:
-            if options.event == "session-start":
-                text = session_start_text(link, link.ask("brief", {}, text=True))
-            else:
-                body = link.ask("news", {"tasks": options.tasks})
-                text = news_facts(body, link) if _has_news(body) else None
-        finally:
-            link.close()
-    except Exception as error:          # whatever it is, the session goes on
-        return hook_trouble(error, client)
-    if text:
-        print(json.dumps(hook_json(options.event, client, text)))
-    return 0
-
-
 def hook_trouble(error, client=None):
     """Say in one line why a hook had nothing to say, on stderr and the way CLIENT shows
     it to the person (HookClient.trouble); answer the hook's exit status: 2 where that is
@@ -6845,6 +6659,34 @@ def _wake(options):
         return 0
     finally:
         link.close()
+
+
+def _run_hook(options):
+    """Run one hook; it never breaks the client's session (at most one line; exit 0, or 2
+    where that is how the person is told, and no more: hook_trouble)."""
+    given = _hook_input()               # read it all, so the client never blocks on us
+    client = running_client(options.client)
+    if options.event == "wake":
+        return _wake(options) if HOOK_CLIENTS[client].wakes else 0
+    if not hook_takes(options.event, client):
+        return 0                        # the client takes nothing: nothing is told
+    if options.event == "stop" and given.get("stop_hook_active") is True:
+        return 0                        # it goes on because of a stop hook already
+    try:
+        link = _link(options, HOOK_TIMEOUT)
+        try:
+            if options.event == "session-start":
+                text = session_start_text(link, link.ask("brief", {}, text=True))
+            else:
+                body = link.ask("news", {"tasks": options.tasks})
+                text = news_facts(body, link) if _has_news(body) else None
+        finally:
+            link.close()
+    except Exception as error:          # whatever it is, the session goes on
+        return hook_trouble(error, client)
+    if text:
+        print(json.dumps(hook_json(options.event, client, text)))
+    return 0
 
 
 def _wait_command(options):
@@ -7059,6 +6901,12 @@ def _install_hooks(options):
     return 0
 
 
+def _hook_command(options):
+    """hook EVENT runs one of agora's hooks (_run_hook); hook install CLIENT writes them
+    into a client's files (_install_hooks)."""
+    return _install_hooks(options) if options.event == "install" else _run_hook(options)
+
+
 # Guard: the git pre-commit check of path reservations ------------------------
 
 def _git(*args):
@@ -7070,7 +6918,7 @@ def _git(*args):
     return done.stdout
 
 
-def _guard_command(options):
+def _guard_check(options):
     """Check paths (default: the staged ones) against other agents' exclusive reservations.
 
     Each hit is a line on stderr and exit 1; none: silent, 0. When agora cannot be
@@ -7174,6 +7022,14 @@ exec {command}
     return 0
 
 
+def _guard_command(options):
+    """guard [PATH ...] checks paths (_guard_check); guard install writes the pre-commit
+    hook (_guard_install); guard -- install checks a path named install."""
+    if options.paths == ["install"] and not options.paths_after_dashes:
+        return _guard_install(options)
+    return _guard_check(options)
+
+
 def _serve_command(options):
     """Serve HTTP on --addr until stopped; refuse (usage) an address that would be unsafe."""
     try:
@@ -7209,6 +7065,180 @@ def _serve_command(options):
         store.close()
 
 
+# The command line's own commands, beside the operations: what runs each, and whether its
+# process lives on (a server, an MCP session), which then restarts from agora's bytecode
+# first (_restart_from_bytecode). The parser builds each one's arguments.
+CliCommand = namedtuple("CliCommand", "run long_lived")
+CLI_COMMANDS = {
+    "serve": CliCommand(_serve_command, True),
+    "stdio": CliCommand(_stdio_command, True),
+    "wait": CliCommand(_wait_command, False),
+    "hook": CliCommand(_hook_command, False),
+    "guard": CliCommand(_guard_command, False),
+    "ops": CliCommand(_ops_command, False),
+    "backup": CliCommand(_backup_command, False),
+    "check": CliCommand(_check_command, False),
+    "install": CliCommand(_install_command, False),
+}
+
+
+def _build_parser(command=None, argv=()):
+    """Answer the argument parser; for an operation, with that operation's parser only.
+
+    Building all of them costs milliseconds that a one-shot command would
+    spend for nothing; the full set is built for help and for unknown words.
+    """
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        """An ArgumentParser that asks os for the terminal's width itself: argparse asks
+        shutil, whose import (bz2 and lzma with it) costs a one-shot command more than
+        all of its own work."""
+
+        def _get_formatter(self):
+            try:
+                columns = int(os.environ.get("COLUMNS")
+                              or os.get_terminal_size(sys.__stdout__.fileno()).columns)
+            except (AttributeError, OSError, ValueError):
+                columns = 80
+            return self.formatter_class(prog=self.prog, width=columns - 2)
+
+    class HookParser(Parser):
+        """A hook never exits 2, which Claude Code reads as "block": one line, exit 0.
+        `hook install`, which a person runs, is a command like any other (exit 2)."""
+
+        def error(self, message):
+            if argv[argv.index("hook") + 1:][:1] == ["install"]:
+                super().error(message)
+            named = argv[argv.index("--client") + 1:][:1] if "--client" in argv else []
+            client = named[0] if named and named[0] in HOOK_CLIENTS else "claude"
+            sys.exit(hook_trouble(message, running_client(client)))
+    parser_class = HookParser if command == "hook" else Parser
+    parser = parser_class(
+        prog="agora", description="Where AI agents meet: channels, mail, tasks and notes.",
+        epilog="Run 'agora ops' to list the operations, 'agora OP -h' for one of them.")
+    parser.add_argument("--version", action="version", version=f"agora {__version__}")
+    common = Parser(add_help=False)
+    common.add_argument("--db", default=argparse.SUPPRESS,
+                        help="the database file (default $AGORA_DB or ~/.agora/agora.db)")
+    parser.add_argument("--db", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                     parser_class=parser_class)
+
+    def wanted(name):
+        """Answer whether to build command NAME's parser (None: the operations')."""
+        return command == name or command not in CLI_COMMANDS and offered(command) is None
+
+    if wanted("serve"):
+        serve_parser = commands.add_parser("serve", parents=[common], help="serve HTTP (REST)")
+        serve_parser.add_argument("--addr", default=f"127.0.0.1:{DEFAULT_PORT}",
+                                  help="HOST:PORT to listen on; port 0 picks a free one")
+        serve_parser.add_argument("--join-key", default=os.environ.get("AGORA_JOIN_KEY"),
+                                  help="the key join must present (default $AGORA_JOIN_KEY)")
+        serve_parser.add_argument("--open", action="store_true",
+                                  help="allow a non-loopback address without a join key")
+        serve_parser.add_argument("--allow-host", action="append", default=[], metavar="HOST",
+                                  help="also answer to this Host (repeatable)")
+        serve_parser.add_argument("--quiet", action="store_true", help="log no requests")
+        serve_parser.add_argument("--public-url", metavar="URL",
+                                  help="the base URL clients reach, for the A2A agent card "
+                                       "(default: the request's Host)")
+        serve_parser.add_argument("--a2a-guest", metavar="NAME",
+                                  help="let A2A requests without a token act as agent NAME")
+        serve_parser.add_argument("--a2a-block", type=int, default=A2A_DEFAULT_BLOCK,
+                                  metavar="SECONDS", help="longest wait of a blocking A2A "
+                                  f"SendMessage (default {A2A_DEFAULT_BLOCK})")
+        serve_parser.add_argument("--max-waiters", type=int, default=Server.max_waiters,
+                                  metavar="N", help="waiting requests held at once; past it "
+                                  "the longest waiting is answered 'nothing new' (default "
+                                  f"{Server.max_waiters:,}, fewer if open files are short)")
+    remote = Parser(add_help=False)
+    remote.add_argument("--url", default=os.environ.get("AGORA_URL"),
+                        help="a remote agora to use instead of the file (default $AGORA_URL)")
+    remote.add_argument("--token", help="the bearer token for --url (default: --token-file's, "
+                                         "else $AGORA_TOKEN; other local users can read a "
+                                         "command line, so prefer those)")
+    remote.add_argument("--token-file", metavar="PATH",
+                        help="read the bearer token for --url from this file")
+    if wanted("stdio"):
+        stdio_parser = commands.add_parser("stdio", parents=[common, remote],
+                                           help="speak MCP on stdin/stdout as one agent "
+                                                "(with --url: a bridge to a remote agora)")
+        stdio_parser.add_argument("--as", dest="as_name", metavar="NAME",
+                                  help="act as this agent on the local file (default $AGORA_AS)")
+        stdio_parser.add_argument("--channel", action="store_true",
+                                  help="also be a Claude Code channel: push news as it comes")
+        stdio_parser.add_argument("--tasks", action="store_true",
+                                  help="with --channel: tasks that become ready are news too")
+    waiting = Parser(add_help=False)
+    waiting.add_argument("--as", dest="as_name", metavar="NAME",
+                         help="act as this agent on the local file (default $AGORA_AS)")
+    waiting.add_argument("--tasks", action="store_true",
+                         help="tasks that become ready to claim are news too")
+    if wanted("wait"):
+        wait_parser = commands.add_parser("wait", parents=[common, remote, waiting],
+                                          help="block until there is news, print it")
+        wait_parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                                 help="give up after this long: no output, exit 124")
+        wait_parser.add_argument("--follow", action="store_true",
+                                 help="keep going: print each batch of news as it comes")
+    if wanted("hook"):
+        hook_parser = commands.add_parser("hook", parents=[common, remote, waiting],
+                                          help="a coding client's hook (or: hook install CLIENT)")
+        hook_parser.add_argument("event", choices=HOOK_EVENTS + ("install",))
+        hook_parser.add_argument("target", nargs="?", choices=tuple(HOOK_CLIENTS),
+                                 help="with install: the client to install the hooks for")
+        hook_parser.add_argument("--client", choices=tuple(HOOK_CLIENTS), default="claude")
+        hook_parser.add_argument("--timeout", type=float, default=WAKE_TIMEOUT, metavar="SECONDS",
+                                 help=f"how long wake waits (default {WAKE_TIMEOUT})")
+        hook_parser.add_argument("--dir", default=".", help="with install: the project folder")
+        hook_parser.add_argument("--user", action="store_true",
+                                 help="with install: the user's settings, for every project")
+        hook_parser.add_argument("--project", action="store_true",
+                                 help="with install: the project's settings, for a client "
+                                      "whose hooks go to the user's by default (copilot)")
+    if wanted("guard"):
+        guard_parser = commands.add_parser("guard", parents=[common, remote, waiting],
+                                           help="check staged paths against others' reservations "
+                                                "(or: guard install, the git pre-commit hook)")
+        guard_parser.add_argument("paths", nargs="*", metavar="PATH",
+                                  help="paths to check (default: what git has staged)")
+        guard_parser.add_argument("--project", default="", help="the project of the reservations")
+        guard_parser.add_argument("--strict", action="store_true",
+                                  help="refuse (exit 1) when agora cannot be reached")
+        guard_parser.add_argument("--force", action="store_true",
+                                  help="with install: write into a hooks folder outside the "
+                                       "repository, or one git tracks")
+        guard_parser.set_defaults(paths_after_dashes="--" in argv)
+    if wanted("ops"):
+        ops_parser = commands.add_parser("ops", parents=[common], help="list the operations")
+        ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
+    if wanted("backup"):
+        backup_parser = commands.add_parser("backup", parents=[common],
+                                            help="copy the live file, safely while others write")
+        backup_parser.add_argument("path", metavar="PATH", help="the copy to write")
+        backup_parser.add_argument("--force", action="store_true",
+                                   help="replace PATH if it exists")
+    if wanted("check"):
+        commands.add_parser("check", parents=[common],
+                            help="check the file's integrity; say its schema and counts")
+    if wanted("install"):
+        install_parser = commands.add_parser(
+            "install", help="write the agora command: this command line, started quickly")
+        install_parser.add_argument("folder", nargs="?", metavar="DIR",
+                                    help=f"where to write it (default {DEFAULT_BIN})")
+    identity = Parser(add_help=False)
+    identity.add_argument("--as", dest="as_name", metavar="NAME",
+                          help="act as this agent on the local file (default $AGORA_AS)")
+    identity.add_argument("--json", action="store_true", help="print the JSON body")
+    for op in [offered(command)] if offered(command) else (
+            public_operations() if wanted(None) else ()):
+        sub = commands.add_parser(op.name, parents=[common, identity, remote], help=op.summary,
+                                  description=f"{op.summary}\narguments: {op.usage()}")
+        sub.add_argument("pairs", nargs="*", metavar="key=value")
+    return parser
+
+
 def main(argv=None):
     """Run the command line; answer the exit status (0 ok, 1 refused, 2 usage).
 
@@ -7221,30 +7251,12 @@ def main(argv=None):
         options = parser.parse_args(argv)
     except SystemExit as exit:
         return exit.code
-    if options.command in LONG_LIVED:
+    command = CLI_COMMANDS.get(options.command)
+    if command is not None and command.long_lived:
         _restart_from_bytecode(argv)
     try:
-        if options.command == "serve":
-            return _serve_command(options)
-        if options.command == "stdio":
-            return _stdio_command(options)
-        if options.command == "ops":
-            _print_ops(options.markdown)
-            return 0
-        if options.command == "backup":
-            return _backup_command(options)
-        if options.command == "check":
-            return _check_command(options)
-        if options.command == "install":
-            return _install_command(options)
-        if options.command == "wait":
-            return _wait_command(options)
-        if options.command == "hook":
-            return _hook_command(options)
-        if options.command == "guard":
-            if options.paths == ["install"] and "--" not in argv:
-                return _guard_install(options)
-            return _guard_command(options)
+        if command is not None:
+            return command.run(options)
         if offered(options.command):
             return _run_op(options.command, options)
         parser.print_help(sys.stderr)
