@@ -740,12 +740,27 @@ class WriterTest(ServerCase):
 
     def test_a_turn_that_cannot_begin_says_why(self):
         token = self.join("alice")
-        original = self.store.group_commit._begin
+        group_commit = self.store.group_commit
+        acquire, release = group_commit.acquire, group_commit.release
 
-        def locked():
-            self.store.group_commit._begin = original
-            raise sqlite3.OperationalError("database is locked")
-        self.store.group_commit._begin = locked
+        class Locked:
+            """The next connection the group commit takes, whose BEGIN finds the file
+            locked (as another process's long write would leave it)."""
+
+            def __init__(self, con):
+                self.con = con
+
+            def execute(self, sql, *args):
+                if sql == "BEGIN IMMEDIATE":
+                    raise sqlite3.OperationalError("database is locked")
+                return self.con.execute(sql, *args)
+
+        def locked_once():
+            group_commit.acquire = acquire
+            return Locked(acquire())
+        group_commit.acquire = locked_once          # its seams: what gives and takes back
+        group_commit.release = lambda con: release(getattr(con, "con", con))
+        self.addCleanup(setattr, group_commit, "release", release)
         stderr = io.StringIO()
         with contextlib.redirect_stderr(stderr):
             status, _, body = self.request("POST", "/api/post", {"body": "x"}, token)
