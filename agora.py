@@ -7065,20 +7065,29 @@ def _serve_command(options):
         store.close()
 
 
-# The command line's own commands, beside the operations: what runs each, and whether its
+# The command line's own commands, beside the operations: what runs each; whether its
 # process lives on (a server, an MCP session), which then restarts from agora's bytecode
-# first (_restart_from_bytecode). The parser builds each one's arguments.
-CliCommand = namedtuple("CliCommand", "run long_lived")
+# first (_restart_from_bytecode); the options it needs ("db": --db, "remote": --url and
+# its token, "agent": --as and --tasks), and its help. The parser adds its own arguments.
+CliCommand = namedtuple("CliCommand", "run long_lived needs help")
 CLI_COMMANDS = {
-    "serve": CliCommand(_serve_command, True),
-    "stdio": CliCommand(_stdio_command, True),
-    "wait": CliCommand(_wait_command, False),
-    "hook": CliCommand(_hook_command, False),
-    "guard": CliCommand(_guard_command, False),
-    "ops": CliCommand(_ops_command, False),
-    "backup": CliCommand(_backup_command, False),
-    "check": CliCommand(_check_command, False),
-    "install": CliCommand(_install_command, False),
+    "serve": CliCommand(_serve_command, True, ("db",), "serve HTTP (REST)"),
+    "stdio": CliCommand(_stdio_command, True, ("db", "remote"), "speak MCP on stdin/stdout "
+                        "as one agent (with --url: a bridge to a remote agora)"),
+    "wait": CliCommand(_wait_command, False, ("db", "remote", "agent"),
+                       "block until there is news, print it"),
+    "hook": CliCommand(_hook_command, False, ("db", "remote", "agent"),
+                       "a coding client's hook (or: hook install CLIENT)"),
+    "guard": CliCommand(_guard_command, False, ("db", "remote", "agent"),
+                        "check staged paths against others' reservations (or: guard "
+                        "install, the git pre-commit hook)"),
+    "ops": CliCommand(_ops_command, False, ("db",), "list the operations"),
+    "backup": CliCommand(_backup_command, False, ("db",),
+                         "copy the live file, safely while others write"),
+    "check": CliCommand(_check_command, False, ("db",),
+                        "check the file's integrity; say its schema and counts"),
+    "install": CliCommand(_install_command, False, (),
+                          "write the agora command: this command line, started quickly"),
 }
 
 
@@ -7129,8 +7138,25 @@ def _build_parser(command=None, argv=()):
         """Answer whether to build command NAME's parser (None: the operations')."""
         return command == name or command not in CLI_COMMANDS and offered(command) is None
 
-    if wanted("serve"):
-        serve_parser = commands.add_parser("serve", parents=[common], help="serve HTTP (REST)")
+    remote = Parser(add_help=False)
+    remote.add_argument("--url", default=os.environ.get("AGORA_URL"),
+                        help="a remote agora to use instead of the file (default $AGORA_URL)")
+    remote.add_argument("--token", help="the bearer token for --url (default: --token-file's, "
+                                         "else $AGORA_TOKEN; other local users can read a "
+                                         "command line, so prefer those)")
+    remote.add_argument("--token-file", metavar="PATH",
+                        help="read the bearer token for --url from this file")
+    agent = Parser(add_help=False)
+    agent.add_argument("--as", dest="as_name", metavar="NAME",
+                       help="act as this agent on the local file (default $AGORA_AS)")
+    agent.add_argument("--tasks", action="store_true",
+                       help="tasks that become ready to claim are news too")
+    needs = {"db": common, "remote": remote, "agent": agent}
+    built = {name: commands.add_parser(name, parents=[needs[need] for need in spec.needs],
+                                       help=spec.help)
+             for name, spec in CLI_COMMANDS.items() if wanted(name)}
+    if "serve" in built:
+        serve_parser = built["serve"]
         serve_parser.add_argument("--addr", default=f"127.0.0.1:{DEFAULT_PORT}",
                                   help="HOST:PORT to listen on; port 0 picks a free one")
         serve_parser.add_argument("--join-key", default=os.environ.get("AGORA_JOIN_KEY"),
@@ -7152,39 +7178,22 @@ def _build_parser(command=None, argv=()):
                                   metavar="N", help="waiting requests held at once; past it "
                                   "the longest waiting is answered 'nothing new' (default "
                                   f"{Server.max_waiters:,}, fewer if open files are short)")
-    remote = Parser(add_help=False)
-    remote.add_argument("--url", default=os.environ.get("AGORA_URL"),
-                        help="a remote agora to use instead of the file (default $AGORA_URL)")
-    remote.add_argument("--token", help="the bearer token for --url (default: --token-file's, "
-                                         "else $AGORA_TOKEN; other local users can read a "
-                                         "command line, so prefer those)")
-    remote.add_argument("--token-file", metavar="PATH",
-                        help="read the bearer token for --url from this file")
-    if wanted("stdio"):
-        stdio_parser = commands.add_parser("stdio", parents=[common, remote],
-                                           help="speak MCP on stdin/stdout as one agent "
-                                                "(with --url: a bridge to a remote agora)")
+    if "stdio" in built:
+        stdio_parser = built["stdio"]
         stdio_parser.add_argument("--as", dest="as_name", metavar="NAME",
                                   help="act as this agent on the local file (default $AGORA_AS)")
         stdio_parser.add_argument("--channel", action="store_true",
                                   help="also be a Claude Code channel: push news as it comes")
         stdio_parser.add_argument("--tasks", action="store_true",
                                   help="with --channel: tasks that become ready are news too")
-    waiting = Parser(add_help=False)
-    waiting.add_argument("--as", dest="as_name", metavar="NAME",
-                         help="act as this agent on the local file (default $AGORA_AS)")
-    waiting.add_argument("--tasks", action="store_true",
-                         help="tasks that become ready to claim are news too")
-    if wanted("wait"):
-        wait_parser = commands.add_parser("wait", parents=[common, remote, waiting],
-                                          help="block until there is news, print it")
+    if "wait" in built:
+        wait_parser = built["wait"]
         wait_parser.add_argument("--timeout", type=float, metavar="SECONDS",
                                  help="give up after this long: no output, exit 124")
         wait_parser.add_argument("--follow", action="store_true",
                                  help="keep going: print each batch of news as it comes")
-    if wanted("hook"):
-        hook_parser = commands.add_parser("hook", parents=[common, remote, waiting],
-                                          help="a coding client's hook (or: hook install CLIENT)")
+    if "hook" in built:
+        hook_parser = built["hook"]
         hook_parser.add_argument("event", choices=HOOK_EVENTS + ("install",))
         hook_parser.add_argument("target", nargs="?", choices=tuple(HOOK_CLIENTS),
                                  help="with install: the client to install the hooks for")
@@ -7197,10 +7206,8 @@ def _build_parser(command=None, argv=()):
         hook_parser.add_argument("--project", action="store_true",
                                  help="with install: the project's settings, for a client "
                                       "whose hooks go to the user's by default (copilot)")
-    if wanted("guard"):
-        guard_parser = commands.add_parser("guard", parents=[common, remote, waiting],
-                                           help="check staged paths against others' reservations "
-                                                "(or: guard install, the git pre-commit hook)")
+    if "guard" in built:
+        guard_parser = built["guard"]
         guard_parser.add_argument("paths", nargs="*", metavar="PATH",
                                   help="paths to check (default: what git has staged)")
         guard_parser.add_argument("--project", default="", help="the project of the reservations")
@@ -7210,23 +7217,15 @@ def _build_parser(command=None, argv=()):
                                   help="with install: write into a hooks folder outside the "
                                        "repository, or one git tracks")
         guard_parser.set_defaults(paths_after_dashes="--" in argv)
-    if wanted("ops"):
-        ops_parser = commands.add_parser("ops", parents=[common], help="list the operations")
-        ops_parser.add_argument("--markdown", action="store_true", help="as README's table")
-    if wanted("backup"):
-        backup_parser = commands.add_parser("backup", parents=[common],
-                                            help="copy the live file, safely while others write")
-        backup_parser.add_argument("path", metavar="PATH", help="the copy to write")
-        backup_parser.add_argument("--force", action="store_true",
-                                   help="replace PATH if it exists")
-    if wanted("check"):
-        commands.add_parser("check", parents=[common],
-                            help="check the file's integrity; say its schema and counts")
-    if wanted("install"):
-        install_parser = commands.add_parser(
-            "install", help="write the agora command: this command line, started quickly")
-        install_parser.add_argument("folder", nargs="?", metavar="DIR",
-                                    help=f"where to write it (default {DEFAULT_BIN})")
+    if "ops" in built:
+        built["ops"].add_argument("--markdown", action="store_true", help="as README's table")
+    if "backup" in built:
+        built["backup"].add_argument("path", metavar="PATH", help="the copy to write")
+        built["backup"].add_argument("--force", action="store_true",
+                                     help="replace PATH if it exists")
+    if "install" in built:
+        built["install"].add_argument("folder", nargs="?", metavar="DIR",
+                                      help=f"where to write it (default {DEFAULT_BIN})")
     identity = Parser(add_help=False)
     identity.add_argument("--as", dest="as_name", metavar="NAME",
                           help="act as this agent on the local file (default $AGORA_AS)")
