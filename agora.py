@@ -1370,12 +1370,14 @@ def report_bug(where):
             pass
 
 
-def bug_refusal(where):
+def bug_refusal(where, operation=None):
     """Report the bug being handled, which happened in WHERE (report_bug), and answer what
-    its caller is told instead: the one InternalError every kind of answer (a refusal,
-    JSON-RPC's -32603, HTTP's 500) is made from."""
+    its caller is told instead, naming the OPERATION it broke if any: the one
+    InternalError every kind of answer (a refusal, JSON-RPC's -32603, HTTP's 500) is
+    made from."""
     report_bug(where)
-    return InternalError("internal error; the server log has details")
+    return InternalError(f"internal error{f' in {operation}' if operation else ''}; "
+                         "the server log has details")
 
 
 def perform(store, op, args, caller, now):
@@ -1413,7 +1415,7 @@ def bugs_refused(store, name):
         problem = file_problem(store.path, error)
         if problem is not None:
             raise problem from None
-        raise bug_refusal(name) from None
+        raise bug_refusal(name, operation=name) from None
 
 
 class _Request:
@@ -2199,11 +2201,12 @@ LIVE_RESERVATION = still_running("expires")
 
 
 def others_reservations(db, project, me, now):
-    """Answer the live reservations in PROJECT of agents other than ME, by path and agent:
-    what may keep ME off a path (reserve's conflicts, reservations paths=...)."""
+    """Answer the live reservations in PROJECT of agents other than ME, in no order: what
+    may keep ME off a path (reserve's conflicts, reservations paths=...)."""
     return [_reservation(row) for row in db.execute(
         "SELECT * FROM reservations WHERE project = :project AND agent != :me AND "
-        f"{LIVE_RESERVATION} ORDER BY path, agent", {"project": project, "me": me, "now": now})]
+        f"{LIVE_RESERVATION}", {"project": project, "me": me, "now": now})]
+
 
 CONFLICT_FIELDS = ("agent", "path", "exclusive", "reason", "expires")
 
@@ -3129,7 +3132,7 @@ def _find_task(db, task_id, now):
 
 @operation("update_task", "Change an open task you posted; after replaces its list.",
            {"id": ID, "title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS,
-            "priority": _integer(*PRIORITY_BOUNDS, "higher is taken first"), "after": AFTER},
+            "priority": _integer(*PRIORITY_BOUNDS), "after": AFTER},
            required=["id"], runs=OWN_TURN,
            retry=RETRY_SAFE)
 def op_update_task(store, caller, args, now):
@@ -3636,7 +3639,8 @@ def op_reservations(store, caller, args, now):
     where = {"project": args["project"], "me": caller.name, "now": now}
     if args["paths"]:
         with store.transaction() as db:
-            theirs = others_reservations(db, args["project"], caller.name, now)
+            theirs = sorted(others_reservations(db, args["project"], caller.name, now),
+                            key=lambda other: (other["path"], other["agent"]))
         hits = reservation_conflicts(args["paths"], False, theirs, plain=True)[:args["limit"]]
         conflicts = [dict({key: other[key] for key in CONFLICT_FIELDS}, given=path)
                      for path, other in hits]
@@ -6532,7 +6536,7 @@ def news_batches(link, tasks, deadline=None, peek=False):
         left = MAX_WAIT if deadline is None else deadline - time.monotonic()
         before = link.mark() if peek else None
         body = link.ask("news", {"wait": max(1, min(MAX_WAIT, int(left))),
-                                  "tasks": tasks, "peek": peek})
+                                 "tasks": tasks, "peek": peek})
         if peek:
             stale = _has_news(body)
             body = shown.fresh(body)
