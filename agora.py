@@ -1868,12 +1868,14 @@ def _anything_unread(db, me, now):
                       ).fetchone() is not None
 
 
+HELD_FOR_ME = ("SELECT coalesce(sum(held_count), 0), min(held_until) FROM cursors "
+               f"WHERE agent = :me AND {still_running('held_until')}")
+
+
 def _held(db, me, now):
     """Answer (how many messages are held for ME, when the next hold runs out or None):
     read off its cursors, however many are held."""
-    return tuple(db.execute("SELECT coalesce(sum(held_count), 0), min(held_until) FROM cursors "
-                            f"WHERE agent = :me AND {still_running('held_until')}",
-                            {"me": me, "now": now}).fetchone())
+    return tuple(db.execute(HELD_FOR_ME, {"me": me, "now": now}).fetchone())
 
 
 # Tasks: states, leases and readiness -----------------------------------------
@@ -1922,6 +1924,11 @@ HELD_TASK = f"status = 'claimed' AND {TASK_STATE} = 'claimed'"
 # by its lease running out, which the lease itself says. With READY_TASK: still ready.
 NEWLY_READY = (f"(ready_seq > :told OR status = 'claimed' AND "
                f"{still_running('lease_until', ':told_lease')} AND {ran_out('lease_until')})")
+
+
+# When the next lease of a claimed task runs out, after :now (None: none held).
+NEXT_LEASE_END = ("SELECT min(lease_until) FROM tasks WHERE status = 'claimed' AND "
+                  f"{still_running('lease_until')}")
 
 
 def _task(row):
@@ -2588,6 +2595,12 @@ def waited_text(wait, capped):
     return f"nothing new after waiting {wait}s"
 
 
+# A read first takes back every hold of :me that ran out: given again from acked_id.
+HOLDS_TAKEN_BACK = ("UPDATE cursors SET redo_upto = max(coalesce(redo_upto, 0), last_id), "
+                    "redelivered = redelivered + 1, last_id = acked_id, acked_id = NULL, "
+                    "held_until = NULL, held_count = 0 WHERE agent = :me AND "
+                    f"{ran_out('held_until')}")
+
 # What was given again (up to redo_upto) has been given for good once the cursor's
 # final position (:final) reaches it: then the count of redeliveries starts afresh.
 REDELIVERY_ENDS = ("redelivered = CASE WHEN :final >= coalesce(redo_upto, 0) THEN 0 ELSE "
@@ -2612,10 +2625,7 @@ def _deliver(db, me, limit, now, hold=0):
     out of turn, not with how much is held.
     """
     where = {"me": me, "now": now, "until": now + hold}
-    db.execute("UPDATE cursors SET redo_upto = max(coalesce(redo_upto, 0), last_id), "
-               "redelivered = redelivered + 1, last_id = acked_id, acked_id = NULL, "
-               f"held_until = NULL, held_count = 0 WHERE agent = :me AND {ran_out('held_until')}",
-               where)
+    db.execute(HOLDS_TAKEN_BACK, where)
     cursors = {row["channel"]: row for row in db.execute(
         "SELECT * FROM cursors WHERE agent = :me AND following = 1", where)}
     batch = []
@@ -3004,9 +3014,7 @@ def op_news(store, caller, args, now):
             newest, ready = db.execute(MARKS).fetchone()
             lease_ends = None
             if args["tasks"]:   # a lease that runs out puts its task back: news too
-                lease_ends = db.execute(
-                    "SELECT min(lease_until) FROM tasks WHERE status = 'claimed' AND "
-                    f"{still_running('lease_until', '?')}", (at,)).fetchone()[0]
+                lease_ends = db.execute(NEXT_LEASE_END, {"now": at}).fetchone()[0]
         if (counts.total or tasks) and not args["peek"]:
             with store.transaction(write=True) as db:   # again: one teller per item
                 previews, counts, tasks = _untold(db, me, args["tasks"], at)
