@@ -685,7 +685,7 @@ class Store:
         self._closed = False
         self._shm = None            # allocate_shm's descriptor, where it keeps one
         private_file(path)
-        con = self._connect()
+        con = self.connect()
         try:
             self._migrate(con, fts)
             self.fts = bool(con.execute(
@@ -704,7 +704,8 @@ class Store:
             raise no_space(path, error.strerror) from None
         self._release(con)
 
-    def _connect(self):
+    def connect(self):
+        """Open a connection to the file as agora uses it (WAL, synchronous=FULL)."""
         try:
             con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT,
                                   isolation_level=None, check_same_thread=False)
@@ -771,7 +772,7 @@ class Store:
                 raise Unavailable()
             if self._pool:
                 return self._pool.pop()
-        return self._connect()
+        return self.connect()
 
     def _release(self, con):
         with self._pool_lock:
@@ -896,7 +897,7 @@ class Store:
         nobody waits or listens. SQLite's data_version changes with each such commit."""
         con = None
         try:
-            con = self._connect()
+            con = self.connect()
             version = con.execute("PRAGMA data_version").fetchone()[0]
             while True:
                 time.sleep(WAIT_POLL)

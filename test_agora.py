@@ -376,8 +376,8 @@ class CountingStore(agora.Store):
 
     write_transactions = 0
 
-    def _connect(self):
-        con = super()._connect()
+    def connect(self):
+        con = super().connect()
         con.set_trace_callback(self._trace)
         return con
 
@@ -393,8 +393,8 @@ class WalkCountingStore(agora.Store):
         self.report = report
         super().__init__(path)
 
-    def _connect(self):
-        con = super()._connect()
+    def connect(self):
+        con = super().connect()
         con.set_trace_callback(lambda statement: statement.startswith(
             "SELECT task_id, after_id FROM task_deps") and self.report(statement))
         return con
@@ -3508,7 +3508,9 @@ class HangUpTest(ServerCase):
     def hang_up_then_post(self, path, body, pause):
         """Send BODY to PATH as bob, close the connection while it waits, wait PAUSE
         seconds, post bob a message, and let the long-poll finish; answer the message's id."""
-        waiting = when_parked(self.server)
+        waiting, over = when_parked(self.server), threading.Event()
+        give_back = self.store.long_poll_done
+        self.store.long_poll_done = lambda name: (give_back(name), over.set())
         data = json.dumps(body).encode()
         client = socket.create_connection(("127.0.0.1", self.port), timeout=10)
         client.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer "
@@ -3519,7 +3521,7 @@ class HangUpTest(ServerCase):
         time.sleep(pause)
         posted = agora.call(self.store, "post", {"to": "bob", "body": f"{path} after {pause} s"},
                             agora.Caller("alice", True)).body["id"]
-        self.assertTrue(until(lambda: not self.store._long_polls))     # the wait is over
+        self.assertTrue(over.wait(10))          # the wait is over: its long-poll given back
         return posted
 
     def test_a_read_wait_that_was_hung_up_on_loses_nothing(self):
