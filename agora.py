@@ -1359,16 +1359,14 @@ def report_bug(where):
     so that the threads that must live on (the writer, the parker) can report through
     it. Its traceback module is imported when a server starts, while descriptors are to
     be had; lacking one, the exception is said in one line."""
+    error = sys.exc_info()[1]       # taken now: a failure below would be handled instead
     try:
         import traceback
         sys.stderr.write(f"agora: a bug in {where}:\n")
         traceback.print_exc(file=sys.stderr)
     except BaseException:
-        try:
-            error = sys.exc_info()[1]
+        with contextlib.suppress(BaseException):
             sys.stderr.write(f"agora: a bug in {where}: {error!r:.200}\n")
-        except BaseException:
-            pass
 
 
 def bug_refusal(where, operation=None):
@@ -1503,22 +1501,19 @@ class Writer:
                     self.ready.wait()
                 if not self.queue:
                     return
-            turn = self._take(GROUP_COMMIT_MAX)
+            turn, failure = self._take(GROUP_COMMIT_MAX), None
             try:
                 self._run_turn(turn)
             except AgoraError as error:         # the commit failed: none of it stands
-                for request in turn:
-                    request.outcome = error
+                failure = error
             except sqlite3.Error as error:      # the turn could not begin (a locked file)
-                problem = self.store.group_commit.not_saved(error)
-                for request in turn:
-                    request.outcome = problem
+                failure = self.store.group_commit.not_saved(error)
             except Exception:                   # a bug of the writer's own: said, and on
-                refusal = bug_refusal("the writer")
-                for request in turn:
-                    request.outcome = refusal
+                failure = bug_refusal("the writer")
             finally:
                 for request in turn:
+                    if failure is not None:     # the turn's failure is every request's
+                        request.outcome = failure
                     request.done.release()
 
     def _run_turn(self, turn):

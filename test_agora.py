@@ -675,6 +675,17 @@ class WriterTest(ServerCase):
         self.assertEqual(self.request("POST", "/api/post", {"body": "after"}, token)[0], 200)
         self.assertTrue(self.store.writer.thread.is_alive())
 
+    def test_a_bug_whose_traceback_cannot_be_had_is_said_in_one_line(self):
+        # Importing traceback fails (no descriptor left): the bug is said, not that failure.
+        stderr = io.StringIO()
+        with unittest.mock.patch.dict(sys.modules, {"traceback": None}), \
+                contextlib.redirect_stderr(stderr):
+            try:
+                raise RuntimeError("the bug")
+            except RuntimeError:
+                agora.report_bug("a test")
+        self.assertEqual(stderr.getvalue(), "agora: a bug in a test: RuntimeError('the bug')\n")
+
     def test_out_of_descriptors_is_refused_plainly_and_passes(self):
         # A server whose descriptors run out (a crowd's sockets) while a long task body
         # makes SQLite open a temporary file: refused in words, served once they come back.
