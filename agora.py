@@ -6642,6 +6642,19 @@ def _wake_lock(key):
     return handle
 
 
+def _end_with_client():
+    """End this process once the client that started it is gone: a client that was killed
+    cannot stop its waiter, and a waiter left on would hold the wake lock and tell the
+    next news to nobody."""
+    client = os.getppid()
+
+    def watch():
+        while os.getppid() == client:
+            time.sleep(1)
+        os._exit(0)
+    threading.Thread(target=watch, name="agora-client-watch", daemon=True).start()
+
+
 def _wake(options):
     """Wait for news; say it on stderr and exit 2 (Claude Code's asyncRewake wakes the
     session), or exit 0 quietly at the timeout. One wake per agent runs at a time, and
@@ -6658,6 +6671,7 @@ def _wake(options):
         if lock is None:
             return 0
         with lock:
+            _end_with_client()
             for body in news_batches(link, options.tasks, time.monotonic() + options.timeout):
                 print(news_facts(body, link), file=sys.stderr)
                 return 2

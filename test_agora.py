@@ -5842,6 +5842,42 @@ class HookTest(HookCase):
         self.assertIn("wake up, bob", err)
 
 
+    def test_a_wake_whose_client_was_killed_ends_with_it(self):
+        # A killed client cannot stop its waiter: the waiter ends with it, letting go of
+        # the wake lock, rather than tell the next news to nobody.
+        import fcntl
+        with unittest.mock.patch.dict(os.environ, HOME=self.home):
+            lock = agora.wake_lock_path(f"{os.path.abspath(self.db)}\0bob")
+        self.addCleanup(lambda: os.path.exists(lock) and os.remove(lock))
+
+        def held():
+            with open(lock, "rb") as handle:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    return True
+                return False
+        client = subprocess.Popen(
+            [sys.executable, "-c", "import subprocess, sys, time; print(subprocess.Popen("
+             "sys.argv[1:], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid, "
+             "flush=True); time.sleep(60)",
+             *agora.agora_argv("hook", "wake", "--client", "opencode", "--as", "bob",
+                               "--timeout", "60", "--db", self.db)],
+            stdout=subprocess.PIPE, text=True,
+            env=dict(os.environ, CLAUDE_CODE_ENTRYPOINT="cli", HOME=self.home))
+        self.addCleanup(client.stdout.close)
+        waiter = int(read_line(client.stdout))
+
+        def stop_waiter():
+            with contextlib.suppress(OSError):
+                os.kill(waiter, 9)
+        self.addCleanup(stop_waiter)
+        self.assertTrue(until(lambda: os.path.exists(lock) and held()))
+        client.kill()
+        client.wait(10)
+        self.assertTrue(until(lambda: not held(), 10))
+
+
 class WaitCommandTest(unittest.TestCase):
     """`agora.py wait`: for shells, loops and tools that watch a command's output."""
 
