@@ -1623,27 +1623,23 @@ def offered(name, hidden=False):
     return op if op is not None and (hidden or not op.hidden) else None
 
 
-def _string(low=0, high=None, description=None, pattern=None, default=None):
-    """Answer a string rule: bounded by LOW and HIGH, or by PATTERN (which says it all)."""
-    rule = {"type": "string"}
-    if pattern:
-        rule["pattern"] = pattern
-    else:
-        rule.update(minLength=low, maxLength=high)
+def _described(rule, description, default):
+    """Answer RULE with its DESCRIPTION and DEFAULT, each when given."""
     if description:
         rule["description"] = description
     if default is not None:
         rule["default"] = default
     return rule
+
+
+def _string(low=0, high=None, description=None, pattern=None, default=None):
+    """Answer a string rule: bounded by LOW and HIGH, or by PATTERN (which says it all)."""
+    bounds = {"pattern": pattern} if pattern else {"minLength": low, "maxLength": high}
+    return _described({"type": "string", **bounds}, description, default)
 
 
 def _integer(low, high, description=None, default=None):
-    rule = {"type": "integer", "minimum": low, "maximum": high}
-    if description:
-        rule["description"] = description
-    if default is not None:
-        rule["default"] = default
-    return rule
+    return _described({"type": "integer", "minimum": low, "maximum": high}, description, default)
 
 
 ID = {"type": "integer", "minimum": 1}
@@ -1694,10 +1690,6 @@ def more_text(limit):
     """Answer the line that ends a listing cut at LIMIT items."""
     return f"(more than {limit}" + (f"; limit={MAX_LIMIT} shows up to {MAX_LIMIT})"
                                     if limit < MAX_LIMIT else ")")
-
-
-def _size(count):
-    return f"{count / 1000:.1f}k" if count >= 1000 else f"{count}c"
 
 
 # When time runs out ----------------------------------------------------------
@@ -2003,8 +1995,7 @@ def _untold(db, me, with_tasks, now):
             f"SELECT m.* FROM cursors c JOIN messages m ON {UNREAD_FOR_ME} WHERE {MY_CURSORS} "
             "ORDER BY m.id LIMIT :limit",
             {"me": me, "now": now, "after": told_id, "limit": NEWS_PREVIEWS}).fetchall()
-        previews = [dict({key: row[key] for key in ("id", "channel", "sender", "reply_to",
-                                                    "ts")},
+        previews = [dict({key: row[key] for key in ("id", "channel", "sender", "reply_to", "ts")},
                          preview=clip(row["body"], PREVIEW_LENGTH),
                          **({"ack": True} if row["asks_ack"] else {})) for row in rows]
     tasks = []
@@ -2044,7 +2035,9 @@ def _note_name(note):
 def _note_line(note, now, size=None):
     line = (f"{_note_name(note)} v{note['version']} {note['author']} "
             f"{age(now - note['updated'])}")
-    return line if size is None else f"{line} {_size(size)}"
+    if size is not None:
+        line += f" {size / 1000:.1f}k" if size >= 1000 else f" {size}c"
+    return line
 
 
 # Reservations: the glob language and who keeps off whose paths ---------------
@@ -2117,10 +2110,6 @@ def _gapped(p, q, gap, fits, q_literal=False):
     return True
 
 
-def _characters_fit(a, b):
-    return a == b or "?" in (a, b)
-
-
 def patterns_overlap(first, second, segments=None):
     """Answer whether some path matches both patterns (decided exactly, not by example).
     SEGMENTS, a dict, remembers pairs of segments across calls."""
@@ -2128,7 +2117,7 @@ def patterns_overlap(first, second, segments=None):
 
     def segments_fit(x, y):
         if (x, y) not in segments:
-            segments[x, y] = _gapped(x, y, "*", _characters_fit)
+            segments[x, y] = _gapped(x, y, "*", lambda a, b: a == b or "?" in (a, b))
         return segments[x, y]
     return _gapped(first.split("/"), second.split("/"), "**", segments_fit)
 
@@ -2270,9 +2259,8 @@ def op_join(store, caller, args, now):
             if _agent_exists(db, name) != taken:
                 raise Conflict(f"the name {name} was taken just now", hint="pick another name")
             if taken:
-                db.execute("UPDATE agents SET token_hash = ?, about = coalesce(?, about), "
-                           "seen = ? WHERE name = ?", (hash_token(token), args["about"], now,
-                                                       name))
+                db.execute("UPDATE agents SET token_hash = ?, about = coalesce(?, about), seen = ? "
+                           "WHERE name = ?", (hash_token(token), args["about"], now, name))
                 done = f"rotated {name}'s token; the old one no longer works"
             else:
                 _create_agent(db, name, now, args["about"] or "", hash_token(token))
@@ -2312,16 +2300,14 @@ def acks_lines(acks, now):
 
 @operation("brief", "Start here, and whenever you wake: unread counts, what you hold, "
            "ready tasks, notes changed since your last brief.",
-           {"status": _string(0, 200, "what you are doing")},
-           retry=RETRY_SAFE)
+           {"status": _string(0, 200, "what you are doing")}, retry=RETRY_SAFE)
 def op_brief(store, caller, args, now):
     """Set the caller's status if given, and summarise what waits for it."""
     me = caller.name
     with store.transaction(write=True) as db:
         if args["status"] is not None:
             db.execute("UPDATE agents SET status = ? WHERE name = ?", (args["status"], me))
-        agent = db.execute("SELECT status, briefed FROM agents WHERE name = ?",
-                           (me,)).fetchone()
+        agent = db.execute("SELECT status, briefed FROM agents WHERE name = ?", (me,)).fetchone()
         db.execute("UPDATE agents SET briefed = ? WHERE name = ?", (now, me))
         unread = _unread(db, me, now)
         _mark_told(db, me, now, unread.newest, ready=True)
@@ -2370,14 +2356,12 @@ def op_brief(store, caller, args, now):
     body = {"agent": me, "unread": {"total": total, "channels": unread.channels},
             "held": held, "reserved": reserved, "acks": acks,
             "open": {"count": open_count, "blocked": blocked, "top": top},
-            "notes_changed": changed,
-            "hint": hint}
+            "notes_changed": changed, "hint": hint}
     return Result(body, "\n".join(lines))
 
 
 @operation("profile", "Change what you say about yourself.",
-           {"about": _string(0, 500)}, required=["about"],
-           retry=RETRY_SAFE)
+           {"about": _string(0, 500)}, required=["about"], retry=RETRY_SAFE)
 def op_profile(store, caller, args, now):
     """Replace the caller's about text."""
     with store.transaction(write=True) as db:
@@ -2450,14 +2434,9 @@ def op_channels(store, caller, args, now):
                  "created": r["created"], "count": r["count"],
                  "following": bool(r["following"]), "unread": unread.get(r["name"], 0)}
                 for r in rows]
-    lines = []
-    for ch in channels:
-        line = f"{ch['name']} {ch['count']} msgs"
-        if ch["following"]:
-            line += f", following, {count_text(ch['unread'])} unread"
-        if ch["about"]:
-            line += f" — {clip(ch['about'], 100)}"
-        lines.append(line)
+    lines = [f"{ch['name']} {ch['count']} msgs"
+             + (f", following, {count_text(ch['unread'])} unread" if ch["following"] else "")
+             + (f" — {clip(ch['about'], 100)}" if ch["about"] else "") for ch in channels]
     return Result({"channels": channels}, "\n".join(lines))
 
 
@@ -2482,8 +2461,7 @@ def _require_channel(db, name):
 
 
 @operation("follow", "Start reading a channel: from now, or from where you stopped "
-           "before.", {"channel": NAME}, required=["channel"],
-           retry=RETRY_SAFE)
+           "before.", {"channel": NAME}, required=["channel"], retry=RETRY_SAFE)
 def op_follow(store, caller, args, now):
     """Make the caller follow a channel."""
     channel = args["channel"]
@@ -2497,8 +2475,7 @@ def op_follow(store, caller, args, now):
 
 
 @operation("unfollow", "Stop reading a channel (your place in it is kept).",
-           {"channel": NAME}, required=["channel"],
-           retry=RETRY_SAFE)
+           {"channel": NAME}, required=["channel"], retry=RETRY_SAFE)
 def op_unfollow(store, caller, args, now):
     """Make the caller stop following a channel, keeping its cursor."""
     channel = args["channel"]
@@ -2506,8 +2483,7 @@ def op_unfollow(store, caller, args, now):
         _require_channel(db, channel)
         db.execute("UPDATE cursors SET following = 0 WHERE agent = ? AND channel = ?",
                    (caller.name, channel))
-    return Result({"channel": channel, "following": False},
-                  f"stopped following {channel}")
+    return Result({"channel": channel, "following": False}, f"stopped following {channel}")
 
 
 def _visible_message(db, message_id, me):
@@ -2675,9 +2651,7 @@ def op_read(store, caller, args, now):
     def watch(db, at):
         """Answer what would end the wait: a new message, or a hold of ME's running out
         (None for a plain read, which does not wait)."""
-        if args["wait"]:
-            return Watch(me, _newest_id(db), None, _held(db, me, at)[1])
-        return None
+        return Watch(me, _newest_id(db), None, _held(db, me, at)[1]) if args["wait"] else None
 
     def attempt(at):
         if args["wait"]:        # a long-poll looks before it writes: most looks find nothing
@@ -2730,7 +2704,7 @@ def _settle(db, me, cursor, given_upto, ids, upto):
         if bound <= position:
             return 0
         newly = _count(db, channel, position, bound, me, ",".join(map(str, final)),
-                       cap=None)[0]
+                       cap=None)[0] if held else 0
         position, final = bound, {i for i in final if i > bound}
     else:
         fresh = {i for i in ids if position < i <= end} - final
@@ -2750,18 +2724,16 @@ def _settle(db, me, cursor, given_upto, ids, upto):
         "held_until END, last_id = max(last_id, :last), acked_past = :past, "
         f"{REDELIVERY_ENDS}, held_count = CASE WHEN :done THEN 0 ELSE "
         "max(0, held_count - :newly) END WHERE agent = :me AND channel = :channel",
-        {"acked": None if done or not held else position, "done": done,
-         "newly": newly if held else 0,
+        {"acked": None if done or not held else position, "done": done, "newly": newly,
          "last": cursor["last_id"] if held else position, "final": position,
          "past": ",".join(map(str, sorted(final))) or None, "me": me, "channel": channel})
-    return newly if held else 0
+    return newly
 
 
 @operation("ack", "Acknowledge what you were given (up to an id, these ids, or all): held "
            "ones stop coming back; senders who asked hear.",
            {"upto": ID, "ids": {"type": "array", "items": ID, "maxItems": MAX_LIMIT,
-                                "description": "list or comma string"}},
-           retry=RETRY_SAFE)
+                                "description": "list or comma string"}}, retry=RETRY_SAFE)
 def op_ack(store, caller, args, now):
     """Make held messages final and answer the acknowledgements their senders asked for.
 
@@ -2789,12 +2761,8 @@ def op_ack(store, caller, args, now):
             if never:
                 raise BadRequest(f"#{never[0]} was never given to you, so it cannot be "
                                  "acknowledged", hint="ack takes what read gave you")
-        acked = 0
-        for channel, cursor in cursors.items():
-            if args["ids"] and channel not in named:
-                continue
-            acked += _settle(db, me, cursor, given_upto[channel], named.get(channel),
-                             args["upto"])
+        acked = sum(_settle(db, me, cursor, given_upto[channel], named.get(channel), args["upto"])
+                    for channel, cursor in cursors.items() if not args["ids"] or channel in named)
         box = mailbox(me)
         named_here = sorted(named.get(box, ()))     # with ids: the receipts of just those
         receipts = [] if args["ids"] and not named_here else db.execute(
@@ -2809,8 +2777,7 @@ def op_ack(store, caller, args, now):
             _tell(db, sender, f"{me} acknowledged #{message_id}: {clip(body, 60)}", now)
     said = f"; {len(receipts)} sender{'s' if len(receipts) != 1 else ''} told" if receipts else ""
     return Result({"acked": acked, "receipts": len(receipts)},
-                  f"acknowledged {acked} held message{'s' if acked != 1 else ''}"
-                  f"{said}")
+                  f"acknowledged {acked} held message{'s' if acked != 1 else ''}{said}")
 
 
 @operation("history", "Past messages of a channel, a page at a time; @agent is your "
@@ -2823,9 +2790,8 @@ def op_ack(store, caller, args, now):
 def op_history(store, caller, args, now):
     """Page back through a channel or a mailbox conversation."""
     me, channel = caller.name, args["channel"]
-    before = args["before"] or 2 ** 63 - 1
-    params = {"me": me, "mailbox": mailbox(me), "before": before,
-              "limit": args["limit"] + 1}
+    params = {"me": me, "mailbox": mailbox(me), "before": args["before"] or 2 ** 63 - 1,
+              "limit": args["limit"] + 1, "channel": channel}
     with store.transaction() as db:
         other = None
         if channel == mailbox(me):
@@ -2840,7 +2806,6 @@ def op_history(store, caller, args, now):
         else:
             _require_channel(db, channel)
             where = "channel = :channel"
-            params["channel"] = channel
         rows = db.execute(f"SELECT * FROM messages WHERE {where} AND id < :before "
                           "ORDER BY id DESC LIMIT :limit", params).fetchall()
         more = len(rows) > args["limit"]
@@ -2976,12 +2941,10 @@ def op_search(store, caller, args, now):
     with store.transaction() as db:
         for scope in scopes:
             hits += SEARCHES[scope](db, caller.name, terms, args["limit"], store.fts, now)
-    hits.sort(key=lambda hit: hit["rank"])
-    hits = hits[:args["limit"]]
-    for hit in hits:
-        del hit["rank"]
+    hits = sorted(hits, key=lambda hit: hit["rank"])[:args["limit"]]
     lines = []
     for hit in hits:
+        del hit["rank"]
         snippet = clip(hit["snippet"], 120)
         if hit["kind"] == "message":
             lines.append(f"message #{hit['id']} {hit['channel']} {hit['sender']} "
@@ -3123,8 +3086,7 @@ def op_post_task(store, caller, args, now):
         _set_after(db, task_id, after)
         became_ready(db, [task_id], now)
     waits = f"; it waits for {', '.join(f'#{i}' for i in after)}" if after else ""
-    return Result({"id": task_id}, f"posted task #{task_id} \"{clip(args['title'])}\""
-                  f"{waits}")
+    return Result({"id": task_id}, f"posted task #{task_id} \"{clip(args['title'])}\"{waits}")
 
 
 def _find_task(db, task_id, now):
@@ -3137,8 +3099,7 @@ def _find_task(db, task_id, now):
 @operation("update_task", "Change an open task you posted; after replaces its list.",
            {"id": ID, "title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS,
             "priority": _integer(*PRIORITY_BOUNDS), "after": AFTER},
-           required=["id"], runs=OWN_TURN,
-           retry=RETRY_SAFE)
+           required=["id"], runs=OWN_TURN, retry=RETRY_SAFE)
 def op_update_task(store, caller, args, now):
     """Change the given fields of an open task the caller posted.
 
@@ -3229,10 +3190,6 @@ def _quote(task):
     return f"#{task['id']} \"{clip(task['title'], 60)}\""
 
 
-def _blockers_text(db, task_ids, now):
-    return ", ".join(f"#{task['id']} ({task['status']})" for task in _blockers(db, task_ids, now))
-
-
 @operation("claim", "Take a task under a lease: the given id, or the best ready one "
            "(with a tag if given). Exactly one claimer wins.",
            {"id": ID, "tag": NAME, "lease": LEASE},
@@ -3256,8 +3213,9 @@ def op_claim(store, caller, args, now):
             if task["status"] != "open":
                 raise Conflict(f"task #{task['id']} is {task['status']}")
             if task["waiting_for"]:
-                raise Conflict(f"task #{task['id']} waits for "
-                               f"{_blockers_text(db, task['waiting_for'], now)}",
+                blockers = ", ".join(f"#{blocker['id']} ({blocker['status']})"
+                                     for blocker in _blockers(db, task["waiting_for"], now))
+                raise Conflict(f"task #{task['id']} waits for {blockers}",
                                hint="claim a ready task (tasks lists them)",
                                waiting_for=task["waiting_for"])
         else:
@@ -3291,18 +3249,17 @@ def _dependents_hear(db, task, me, now):
     dependents = [_task(row) for row in rows]
     became_ready(db, [dependent["id"] for dependent in dependents], now)
     for dependent in dependents:
-        if task["status"] == "done" and not dependent["waiting_for"]:
+        if dependent["poster"] == me or (task["status"] == "done" and dependent["waiting_for"]):
+            continue
+        if task["status"] == "done":
             done = ", ".join(f"#{i}" for i in dependent["after"])
             text = (f"{_quote(dependent)} is ready: {done} "
                     f"{'is' if len(dependent['after']) == 1 else 'are'} done")
-        elif task["status"] != "done":          # failed or cancelled: still waiting
+        else:                                   # failed or cancelled: still waiting
             text = (f"{_quote(dependent)} waits for #{task['id']}, which "
                     f"{'failed' if task['status'] == 'failed' else 'was cancelled'}: "
                     f"update_task id={dependent['id']} after=... or cancel id={dependent['id']}")
-        else:
-            continue
-        if dependent["poster"] != me:
-            _tell(db, dependent["poster"], text, now)
+        _tell(db, dependent["poster"], text, now)
 
 
 def _held_task(db, task_id, me, now):
@@ -3318,8 +3275,7 @@ def _held_task(db, task_id, me, now):
 
 
 @operation("extend", "Renew your lease on a task you hold (also after it ran out, if "
-           "nobody took it).", {"id": ID, "lease": LEASE}, required=["id"],
-           retry=RETRY_SAFE)
+           "nobody took it).", {"id": ID, "lease": LEASE}, required=["id"], retry=RETRY_SAFE)
 def op_extend(store, caller, args, now):
     """Move the caller's lease on a task forward."""
     with store.transaction(write=True) as db:
@@ -3331,8 +3287,7 @@ def op_extend(store, caller, args, now):
 
 
 @operation("done", "Finish a task you hold, with its result; failed=true marks it failed.",
-           {"id": ID, "result": LONG_TEXT,
-            "failed": FLAG},
+           {"id": ID, "result": LONG_TEXT, "failed": FLAG},
            required=["id"],
            retry="finish it again: if the first took, the answer says it is done")
 def op_done(store, caller, args, now):
@@ -3411,19 +3366,16 @@ def op_own_tasks(store, caller, args, now):
     """Answer the caller's own tasks, as faces that follow them (A2A) see them: one by ID
     (not found unless the caller posted it), or a page in STATE, among IDS, changed since
     SINCE, after PAGE (a token of an earlier page), with the next page's token."""
-    where, query = ["poster = :me"], {"me": caller.name, "now": now}
+    where, query = ["poster = :me"], dict(args, me=caller.name, now=now)
     if args["id"] is not None:
         where.append("id = :id")
-        query["id"] = args["id"]
     if args["state"] is not None:
         where.append(f"{TASK_STATE} = :state")
-        query["state"] = args["state"]
     if args["ids"] is not None:
         where.append(f"id IN ({','.join(f':i{n}' for n in range(len(args['ids']))) or 'NULL'})")
         query.update((f"i{n}", task_id) for n, task_id in enumerate(args["ids"]))
     if args["since"]:
         where.append("updated >= :since")
-        query["since"] = args["since"]
     condition = " AND ".join(where)
     updated, before = (args["page"] or f"{2 ** 62}.{2 ** 62}").split(".")
     query.update(updated=int(updated), before=int(before), limit=args["limit"] + 1)
@@ -3575,8 +3527,7 @@ PATTERNS = {"type": "array", "items": _string(1, 300), "maxItems": MAX_PATTERNS,
             "lease": _integer(1, 86400, "seconds", default=3600),
             "exclusive": {"type": "boolean", "default": True},
             "reason": _string(0, 200, "why, for the others")},
-           required=["paths"], runs=OWN_TURN,
-           retry=RETRY_SAFE)
+           required=["paths"], runs=OWN_TURN, retry=RETRY_SAFE)
 def op_reserve(store, caller, args, now):
     """Grant every pattern, or none when another agent's live reservation overlaps one.
 
@@ -3588,8 +3539,6 @@ def op_reserve(store, caller, args, now):
     patterns = sorted({reservation_pattern(path) for path in args["paths"]})
     if not patterns:
         raise BadRequest("paths must name at least one pattern")
-    where = {"project": project, "me": me, "now": now}
-
     def refuse_conflicts(held):
         conflicts = reservation_conflicts(patterns, args["exclusive"], held)
         if conflicts:
@@ -3604,7 +3553,8 @@ def op_reserve(store, caller, args, now):
         snapshot = others_reservations(db, project, me, now)
     refuse_conflicts(snapshot)
     seen = {(other["agent"], other["path"], other["exclusive"]) for other in snapshot}
-    where.update({f"p{n}": pattern for n, pattern in enumerate(patterns)})
+    where = dict({f"p{n}": pattern for n, pattern in enumerate(patterns)},
+                 project=project, me=me, now=now)
     listed = ",".join(f":p{n}" for n in range(len(patterns)))
     with store.transaction(write=True) as db:
         refuse_conflicts([other for other in others_reservations(db, project, me, now)
@@ -3667,8 +3617,7 @@ def op_reservations(store, caller, args, now):
 
 
 @operation("unreserve", "Give back your reservations of those paths, or all of yours in "
-           "the project.", {"paths": PATTERNS, "project": PROJECT_NAME},
-           retry=RETRY_SAFE)
+           "the project.", {"paths": PATTERNS, "project": PROJECT_NAME}, retry=RETRY_SAFE)
 def op_unreserve(store, caller, args, now):
     """Delete the caller's reservations of PATHS (or all of them) in a project."""
     where, params = "project = ? AND agent = ?", [args["project"], caller.name]
@@ -6268,11 +6217,9 @@ def cache_bytecode():
         cache = importlib.util.cache_from_source(source)
     finally:
         sys.pycache_prefix = prefix
-    try:
+    with contextlib.suppress(OSError):      # not compiled yet
         if os.path.getmtime(cache) >= os.path.getmtime(source):
             return True
-    except OSError:             # not compiled yet
-        pass
     try:
         py_compile.compile(source, cfile=cache, doraise=True)
     except (OSError, py_compile.PyCompileError):
@@ -6397,8 +6344,7 @@ def _backup_command(options):
         handle, temp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".agora-backup-")
         os.close(handle)
         try:
-            copy = sqlite3.connect(temp, isolation_level=None)
-            try:
+            with contextlib.closing(sqlite3.connect(temp, isolation_level=None)) as copy:
                 with store.autocommit() as db:
                     db.execute("BEGIN")
                     try:
@@ -6407,8 +6353,6 @@ def _backup_command(options):
                     finally:
                         db.execute("COMMIT")
                 summary = file_summary(copy)
-            finally:
-                copy.close()
             with open(temp, "rb+") as f:
                 os.fsync(f.fileno())
             for suffix in SIDE_FILES:
@@ -6435,14 +6379,11 @@ def _check_command(options):
     path = _existing_file(options)
     for attempt in (1, 2):      # a read the disk failed once is not damage: read it again
         try:
-            db = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=rw", uri=True,
-                                 timeout=BUSY_TIMEOUT)
-            try:
+            uri = f"file:{quote(os.path.abspath(path))}?mode=rw"
+            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT)) as db:
                 problems = [row[0] for row in db.execute("PRAGMA integrity_check(20)")]
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 summary = file_summary(db) if problems == ["ok"] else ""
-            finally:
-                db.close()
             break
         except sqlite3.DatabaseError as error:
             if not any(word in str(error).lower() for word in DAMAGE):
@@ -6662,25 +6603,18 @@ def _wake(options):
     if not interactive_session():
         return 0
     try:
-        link = _link(options)
-    except Exception as error:
-        hook_trouble(error)
-        return 0
-    try:
-        lock = _wake_lock(link.key)
-        if lock is None:
-            return 0
-        with lock:
-            _end_with_client()
-            for body in news_batches(link, options.tasks, time.monotonic() + options.timeout):
-                print(news_facts(body, link), file=sys.stderr)
-                return 2
+        with contextlib.closing(_link(options)) as link:
+            lock = _wake_lock(link.key)
+            if lock is None:
+                return 0
+            with lock:
+                _end_with_client()
+                for body in news_batches(link, options.tasks, time.monotonic() + options.timeout):
+                    print(news_facts(body, link), file=sys.stderr)
+                    return 2
         return 0
     except Exception as error:
-        hook_trouble(error)
-        return 0
-    finally:
-        link.close()
+        return hook_trouble(error)      # 0: no client is named
 
 
 def _run_hook(options):
@@ -6695,15 +6629,12 @@ def _run_hook(options):
     if options.event == "stop" and given.get("stop_hook_active") is True:
         return 0                        # it goes on because of a stop hook already
     try:
-        link = _link(options, HOOK_TIMEOUT)
-        try:
+        with contextlib.closing(_link(options, HOOK_TIMEOUT)) as link:
             if options.event == "session-start":
                 text = session_start_text(link, link.ask("brief", {}, text=True))
             else:
                 body = link.ask("news", {"tasks": options.tasks})
                 text = news_facts(body, link) if _has_news(body) else None
-        finally:
-            link.close()
     except Exception as error:          # whatever it is, the session goes on
         return hook_trouble(error, client)
     if text:
@@ -6736,9 +6667,8 @@ def channel_events(body, now):
     '<' and '>' of peer text are replaced, so no peer can close the tag.
     """
     def event(kind, text, ids):
-        content = for_model(text)
         return {"jsonrpc": "2.0", "method": "notifications/claude/channel",
-                "params": {"content": content, "meta": {
+                "params": {"content": for_model(text), "meta": {
                     "kind": kind, "count": str(len(ids) if kind == "task" else body["count"]),
                     "ids": ",".join(str(i) for i in ids)}}}
     events = []
@@ -6957,15 +6887,12 @@ def _guard_check(options):
     if not paths:
         return 0
     try:
-        link = _link(options, HOOK_TIMEOUT)
-        try:
+        with contextlib.closing(_link(options, HOOK_TIMEOUT)) as link:
             hits = []                   # the server decides who keeps whom off which path
             for first in range(0, len(paths), MAX_PATTERNS):
                 hits.append(link.ask("reservations", {
                     "project": options.project, "paths": paths[first:first + MAX_PATTERNS],
                     "limit": MAX_LIMIT}, text=True))
-        finally:
-            link.close()
     except (Unreachable, StoreError) as error:
         print(f"agora guard: not checked: {error.message}", file=sys.stderr)
         return 1 if options.strict else 0
@@ -7014,11 +6941,8 @@ def _guard_install(options):
     if options.project:
         identity += ["--project", options.project]
     try:
-        link = _link(options, HOOK_TIMEOUT)
-        try:
+        with contextlib.closing(_link(options, HOOK_TIMEOUT)) as link:
             link.ask("reservations", {"project": options.project, "limit": 1})
-        finally:
-            link.close()
     except Unreachable as error:
         print(f"agora guard: not checked now ({error.message}); the hook fails open while "
               "agora is down", file=sys.stderr)
@@ -7067,9 +6991,8 @@ def _serve_command(options):
                          "name rebound to this machine would reach it. Pass --allow-host NAME "
                          "(the host name or address clients connect to; repeatable), or "
                          "--public-url URL.")
-    store = Store(getattr(options, "db", None) or default_db_path(),
-                  join_key=options.join_key)
-    try:
+    with contextlib.closing(Store(getattr(options, "db", None) or default_db_path(),
+                                  join_key=options.join_key)) as store:
         if options.a2a_guest:
             try:
                 ensure_local_agent(store, options.a2a_guest, int(time.time()))
@@ -7083,8 +7006,6 @@ def _serve_command(options):
         except OSError as error:
             raise AgoraError(f"cannot listen on {host}:{port}: "
                              f"{error.strerror or error}") from None
-    finally:
-        store.close()
 
 
 # The command line's own commands, beside the operations: what runs each; whether its
@@ -7424,9 +7345,8 @@ const svg = (tag, props, ...children) => build(document.createElementNS(SVG, tag
 
 function span(seconds) {
   const s = Math.max(0, Math.floor(seconds));
-  if (s >= 86400) return Math.floor(s / 86400) + "d";
-  if (s >= 3600) return Math.floor(s / 3600) + "h";
-  if (s >= 60) return Math.floor(s / 60) + "m";
+  for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60]])
+    if (s >= size) return Math.floor(s / size) + unit;
   return s + "s";
 }
 
@@ -7569,16 +7489,15 @@ async function loadChannels() {
 
 async function loadDirect() {
   const {agents} = await api("agents", {limit: 200});
-  const names = agents.map((a) => a.id);
-  fresh[peer ? "@" + peer : "@" + me] = 0;
+  const where = peer ? "@" + peer : "@" + me;
+  fresh[where] = 0;
   pick("#dm-list", [["@" + me, "my mailbox"]].concat(
-       names.filter((n) => n !== me).map((n) => ["@" + n, n])), peer ? "@" + peer : "@" + me,
+       agents.filter((a) => a.id !== me).map((a) => ["@" + a.id, a.id])), where,
        (name) => {
          peer = name === "@" + me ? null : name.slice(1);
          $("#dm-messages").dataset.first = "";
          loadDirect();
        });
-  const where = peer ? "@" + peer : "@" + me;
   $("#dm-title").textContent = peer ? "conversation with " + peer : "my mailbox";
   $("#dm-form").hidden = !peer;
   const {messages} = await api("history", {channel: where, limit: 100});
@@ -7803,13 +7722,11 @@ async function loadNotes() {
        (n.project ? n.project + ": " : "") + n.key + " v" + n.version]),
        note ? note.project + "\u0000" + note.key : "",
        (id) => { const [project, key] = id.split("\u0000"); openNote(project, key); });
-  if (note) await openNote(note.project, note.key, note.version, true);
+  if (note) await openNote(note.project, note.key);        // its newest version
 }
 
-async function openNote(project, key, version, quiet) {
-  const args = {project, key};
-  if (version && !quiet) args.version = version;
-  const shown = (await api("read_note", args)).note;
+async function openNote(project, key, version) {
+  const shown = (await api("read_note", {project, key, version})).note;   // no version: newest
   note = {project, key, version: shown.version};
   $("#note-title").textContent = (project ? project + ": " : "") + key + " v" + shown.version +
     " by " + shown.author + ", " + age(shown.updated) + " ago" +
@@ -7857,54 +7774,46 @@ async function loadTeam() {
 }
 
 function wire() {
-  $("#signin-form").addEventListener("submit", (event) => {
-    event.preventDefault();
-    signIn($("#token").value);
+  const onSubmit = (form, run) => $(form).addEventListener("submit", async (event) => {
+    event.preventDefault();     // the page stays; what goes wrong is said
+    try { await run(event); } catch (error) { say(error.message); }
   });
+  onSubmit("#signin-form", () => signIn($("#token").value));
   $("#signout").addEventListener("click", () => signOut(""));
   for (const button of document.querySelectorAll("nav button"))
     button.addEventListener("click", () => show(button.dataset.tab));
-  $("#channel-form").addEventListener("submit", async (event) => {
-    event.preventDefault();
+  onSubmit("#channel-form", async () => {
     const body = $("#channel-text").value;
     if (!body.trim()) return;
-    try {
-      const args = {channel, body};
-      if (replyTo) args.reply_to = replyTo;
-      await api("post", args);
-      $("#channel-text").value = ""; replyTo = null;
-      loadChannels();
-    } catch (error) { say(error.message); }
+    const args = {channel, body};
+    if (replyTo) args.reply_to = replyTo;
+    await api("post", args);
+    $("#channel-text").value = ""; replyTo = null;
+    loadChannels();
   });
-  $("#dm-form").addEventListener("submit", async (event) => {
-    event.preventDefault();
+  onSubmit("#dm-form", async () => {
     const body = $("#dm-text").value;
     if (!body.trim() || !peer) return;
-    try { await api("post", {to: peer, body}); $("#dm-text").value = ""; loadDirect(); }
-    catch (error) { say(error.message); }
+    await api("post", {to: peer, body}); $("#dm-text").value = ""; loadDirect();
   });
-  $("#task-form").addEventListener("submit", async (event) => {
-    event.preventDefault();
-    const args = {title: $("#task-title").value, body: $("#task-body").value,
-                  tags: $("#task-tags").value, priority: $("#task-priority").value || 0};
-    try {
-      const {id} = await api("post_task", args);
-      say("posted task #" + id);
-      event.target.reset();
-      loadTasks();
-    } catch (error) { say(error.message); }
+  onSubmit("#task-form", async (event) => {
+    const {id} = await api("post_task", {
+      title: $("#task-title").value, body: $("#task-body").value,
+      tags: $("#task-tags").value, priority: $("#task-priority").value || 0});
+    say("posted task #" + id);
+    event.target.reset();
+    loadTasks();
   });
-  $("#reservation-project").addEventListener("change", () => loadTasks().catch(
-    (error) => say(error.message)));
-  $("#note-form").addEventListener("submit", async (event) => {
-    event.preventDefault();
+  $("#reservation-project").addEventListener("change", refresh);     // only on the tasks tab
+  onSubmit("#note-form", async () => {
     const args = {project: $("#note-project").value, key: $("#note-key").value,
                   body: $("#note-text").value};
     if (note && note.project === args.project && note.key === args.key)
       args.version = note.version;      // compare-and-set: no lost update between people
-    try { const saved = (await api("write_note", args)).note; say("saved v" + saved.version);
-          note = {project: saved.project, key: saved.key, version: saved.version}; loadNotes(); }
-    catch (error) { say(error.message); }
+    const saved = (await api("write_note", args)).note;
+    say("saved v" + saved.version);
+    note = {project: saved.project, key: saved.key, version: saved.version};
+    loadNotes();
   });
   setInterval(() => { if (token && (tab === "tasks" || tab === "team")) refresh(); }, 5000);
   let resized = null;     // the plan wraps to the page's width: draw it again when that changes
