@@ -3655,9 +3655,8 @@ def _check_value(name, rule, value):
     """Answer VALUE converted to RULE's type, or raise BadRequest naming NAME."""
     kind = rule["type"]
     if kind == "integer":
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        elif isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,19}", value.strip()):
+        if (isinstance(value, float) and value.is_integer()
+                or isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,19}", value.strip())):
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise BadRequest(f"{name} must be an integer")
@@ -3843,8 +3842,7 @@ def read_rpc(data):
                        http_status=400, request_id=request_id)
     if "id" not in message:
         return None
-    params = message.get("params")
-    params = {} if params is None else params
+    params = {} if message.get("params") is None else message["params"]
     if not isinstance(params, dict):
         raise RpcError(-32602, "params must be an object", request_id=request_id)
     return RpcRequest(request_id, method, params)
@@ -3999,13 +3997,8 @@ def _mcp_initialize(endpoint, params):
     # Never refuse: answer the newest revision we speak and let the client decide.
     version = requested if requested in MCP_HANDSHAKE_VERSIONS else MCP_HANDSHAKE_VERSIONS[0]
     result = {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
-              "serverInfo": MCP_SERVER_INFO,
-              "instructions": MCP_INSTRUCTIONS}
+              "serverInfo": MCP_SERVER_INFO, "instructions": MCP_INSTRUCTIONS}
     return as_channel(result) if endpoint.channel else result
-
-
-def _mcp_ping(endpoint, params):
-    return {}
 
 
 def _mcp_tools_list(endpoint, params):
@@ -4029,7 +4022,7 @@ def _mcp_tools_call(endpoint, params):
             "structuredContent": result.body, "isError": False}
 
 
-MCP_METHODS = {"initialize": _mcp_initialize, "ping": _mcp_ping,
+MCP_METHODS = {"initialize": _mcp_initialize, "ping": lambda endpoint, params: {},
                "tools/list": _mcp_tools_list, "tools/call": _mcp_tools_call}
 MCP_STATELESS_METHODS = {"server/discover": _mcp_discover, "tools/list": _mcp_tools_list,
                          "tools/call": _mcp_tools_call}
@@ -4442,8 +4435,7 @@ class A2AEndpoint(RpcEndpoint):
                            "VALUES (?, ?, 'user', ?, ?)", (task_id, message_id, text, now))
             else:
                 metadata = params.get("metadata") or message.get("metadata") or {}
-                args = {"title": one_line(text.splitlines()[0])[:200],
-                        "body": text}
+                args = {"title": one_line(text.splitlines()[0])[:200], "body": text}
                 for key in ("tags", "priority"):
                     if isinstance(metadata, dict) and metadata.get(key) is not None:
                         args[key] = metadata[key]
@@ -4569,8 +4561,7 @@ def rest_face(server, request):
     headers = _challenge(status)
     if _wants_text(request.headers):        # only then is the text made
         headers.append(("Content-Type", "text/plain; charset=utf-8"))
-        return HttpAnswer(status, (answer.text + "\n").encode("utf-8", "replace"), headers,
-                          name)
+        return HttpAnswer(status, (answer.text + "\n").encode("utf-8", "replace"), headers, name)
     return HttpAnswer(status, json_bytes(answer.body), headers, name)
 
 
@@ -4668,7 +4659,7 @@ class Headers:
     up without regard to case (get answers the first of a name, get_all every one)."""
 
     def __init__(self, fields):
-        self.fields, self.named = fields, {}
+        self.named = {}
         for name, value in fields:
             self.named.setdefault(name.lower(), []).append(value)
 
@@ -4680,10 +4671,6 @@ class Headers:
     def get_all(self, name, default=None):
         """Answer every value of field NAME, or DEFAULT when there is none."""
         return list(self.named.get(name.lower(), ())) or default
-
-    def items(self):
-        """Answer the (name, value) pairs as sent."""
-        return list(self.fields)
 
 
 IDLE = "idle"               # RequestHandler.parked of a connection the Parker keeps idle
@@ -4797,19 +4784,15 @@ class RequestHandler:
         if len(words) != 2:         # a refusal carries a status line, unless asked in 0.9
             self.request_version = "HTTP/1.0"
         if line is None:
-            self.send_error(400, "Bad request line: a bare CR or a NUL")
-            return False
+            return self.refused(400, "Bad request line: a bare CR or a NUL")
         version = re.fullmatch(r"HTTP/([0-9]{1,10})\.([0-9]{1,10})", words[-1])
         if len(words) == 3 and not version:
-            self.send_error(400, f"Bad request version ({words[-1]!r})")
-            return False
+            return self.refused(400, f"Bad request version ({words[-1]!r})")
         if len(words) not in (2, 3) or len(words) == 2 and words[0] != "GET":
-            self.send_error(400, f"Bad request syntax ({self.requestline!r})")
-            return False
+            return self.refused(400, f"Bad request syntax ({self.requestline!r})")
         if len(words) == 3:
             if int(version[1]) >= 2:
-                self.send_error(505, f"Invalid HTTP version ({version[1]}.{version[2]})")
-                return False
+                return self.refused(505, f"Invalid HTTP version ({version[1]}.{version[2]})")
             self.request_version = words[2]
             self.close_connection = (int(version[1]), int(version[2])) < (1, 1)
         self.command = words[0]
@@ -4819,9 +4802,7 @@ class RequestHandler:
         while True:
             line = self.rfile.readline(65537)
             if len(line) > 65536 or len(fields) >= 100 or size + len(line) > self.max_header_bytes:
-                self.close_connection = True
-                self.send_error(431, f"request headers over {self.max_header_bytes} bytes")
-                return False
+                return self.refused(431, f"request headers over {self.max_header_bytes} bytes")
             if line in (b"\r\n", b"\n", b""):
                 break
             size += len(line)
@@ -4829,23 +4810,18 @@ class RequestHandler:
             # Refused, not guessed at: read otherwise by a proxy in front (a bare CR or NUL,
             # a fold, a space before the colon), it would put the two out of step.
             if text is None:
-                self.send_error(400, "Bad header line: a bare CR or a NUL")
-                return False
+                return self.refused(400, "Bad header line: a bare CR or a NUL")
             name, colon, value = text.partition(":")
             if not colon or not HEADER_NAME.fullmatch(name):
-                self.send_error(400, f"Bad header line ({text[:60]!r})")
-                return False
+                return self.refused(400, f"Bad header line ({text[:60]!r})")
             fields.append((name, value.strip()))
         self.headers = Headers(fields)
         if len(set(self.headers.get_all("Content-Length", []))) > 1:
-            self.send_error(400, "Content-Length is given twice, differently")
-            return False
+            return self.refused(400, "Content-Length is given twice, differently")
         if len(self.headers.get_all("Host", [])) > 1:
-            self.send_error(400, "Host is given twice")
-            return False
+            return self.refused(400, "Host is given twice")
         if "" in (value.strip() for value in self.headers.get_all("Transfer-Encoding", [])):
-            self.send_error(400, "Transfer-Encoding is empty")
-            return False
+            return self.refused(400, "Transfer-Encoding is empty")
         connection = self.headers.get("Connection", "").lower()
         if connection in ("close", "keep-alive"):
             self.close_connection = connection == "close"
@@ -4853,6 +4829,11 @@ class RequestHandler:
                 and self.request_version >= "HTTP/1.1"):
             return self.handle_expect_100()
         return True
+
+    def refused(self, status, message):
+        """Send http.server's error answer; answer False: the request goes no further."""
+        self.send_error(status, message)
+        return False
 
     def handle_one_method(self):
         """Read, route and answer one request, or park it when its face waits."""
@@ -4981,10 +4962,8 @@ class RequestHandler:
             return True                 # no look without waiting here (Windows): cannot tell
         try:
             return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-        except BlockingIOError:         # nothing sent, nothing closed
-            return True
-        except ValueError:              # a TLS socket takes no flags: cannot tell
-            return True
+        except (BlockingIOError, ValueError):   # nothing sent and nothing closed, or a TLS
+            return True                         # socket, which takes no flags: cannot tell
         except OSError:
             return False
 
@@ -5000,11 +4979,6 @@ class RequestHandler:
             if scheme not in ("http", "https") or origin_host not in (
                     allowed if allowed is not None else {host}):
                 raise HTTPFailure(403, f"origin {origin[:100]!r} is not allowed here")
-
-
-    def send(self, status, payload, headers):
-        """Write one whole answer in a single write, then wait for the next request."""
-        self.write(self.framed(status, payload, headers))
 
     def framed(self, status, payload, headers):
         """Answer one whole answer's bytes: status line, header fields and PAYLOAD."""
@@ -5121,10 +5095,8 @@ class Parker:
             self._ring()
 
     def _ring(self):
-        try:
+        with contextlib.suppress(OSError):      # full: a ring is pending anyway
             self.ringer.send(b"\0")
-        except OSError:             # full: a ring is pending anyway
-            pass
 
     def close(self):
         """Let every kept connection go (nothing was delivered to a waiter); end the thread."""
@@ -5142,21 +5114,16 @@ class Parker:
             with self.lock:
                 arriving, self.arriving = self.arriving, []
                 # a new waiter is news to look for too (what came since it looked)
-                self.changed = self.changed or any(isinstance(kept, Waiter)
-                                                   for kept in arriving)
+                self.changed = self.changed or any(isinstance(kept, Waiter) for kept in arriving)
                 news = self.changed and time.monotonic() >= self.news_after
                 if news:                # commits a moment apart: one look for them all
                     self.changed, self.news_after = False, time.monotonic() + NEWS_GAP
                 stopping = self.stopping
             try:
                 if stopping:
-                    for kept in list(self.waiters.values()) + arriving:
-                        if isinstance(kept, Waiter):
-                            self._let_go(kept)
-                        else:
-                            self._close(kept)
-                    for handler, _ in list(self.idle.values()):
-                        self._close(handler)
+                    idle = [handler for handler, _ in self.idle.values()]
+                    for kept in list(self.waiters.values()) + arriving + idle:
+                        (self._let_go if isinstance(kept, Waiter) else self._close)(kept)
                     self.selector.close()
                     self.bell.close()
                     self.ringer.close()
@@ -5169,8 +5136,7 @@ class Parker:
                         self._safely(self._look if isinstance(key.data, Waiter)
                                      else self._next_request, key.data)
                 for kept in arriving:
-                    self._safely(self._add if isinstance(kept, Waiter) else self._keep_idle,
-                                 kept)
+                    self._safely(self._add if isinstance(kept, Waiter) else self._keep_idle, kept)
                 due, batch = self._due(news), FIRST_ANSWERS
                 while due:              # the first few soon, then more to a commit
                     self._answer(due[:batch])
@@ -5186,10 +5152,7 @@ class Parker:
         except Exception:
             report_bug("the parker")
             with contextlib.suppress(Exception):
-                if isinstance(kept, Waiter):
-                    self._let_go(kept)
-                else:
-                    self._close(kept)
+                (self._let_go if isinstance(kept, Waiter) else self._close)(kept)
 
     def _add(self, waiter):
         import selectors
@@ -5223,8 +5186,7 @@ class Parker:
         heapq.heappush(self.timers, (ends, self.timed, waiter))
 
     def _make_room(self):
-        """Keep to the capacity: close the longest idle connection, else end the longest
-        wait."""
+        """Keep to the capacity: close the longest idle connection, else end the longest wait."""
         while len(self.waiters) + len(self.idle) > self.capacity:
             if self.idle:
                 self._close(next(iter(self.idle.values()))[0])
@@ -5329,11 +5291,9 @@ class Parker:
 
     def _answer(self, waiters):
         """Run the WAITERS' requests again, in one write turn, and answer those that end."""
-        ran = []
         try:
             with self.store.group_commit.turn():
-                for waiter in waiters:
-                    ran.append((waiter, self._run_again(waiter)))
+                ran = [(waiter, self._run_again(waiter)) for waiter in waiters]
         except (AgoraError, sqlite3.Error):     # the turn's commit failed: each alone
             ran = [(waiter, self._run_again(waiter)) for waiter in waiters]
         for waiter, answer in ran:
@@ -5474,10 +5434,8 @@ class Server:
                 refused = [item for item in self.queued if item[2] <= now]
                 self.queued = [item for item in self.queued if item[2] > now]
             for conn in late:
-                try:
+                with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)     # wakes the thread blocked on it
-                except OSError:
-                    pass
             for conn, _, _ in refused:
                 self._refuse(conn)
 
@@ -5490,8 +5448,7 @@ class Server:
             if fits:
                 self._take_slot(request, client_address[0])
             else:
-                self.queued.append((request, client_address,
-                                    time.monotonic() + self.slot_wait))
+                self.queued.append((request, client_address, time.monotonic() + self.slot_wait))
         if fits:
             super().process_request(request, client_address)
 
@@ -5515,12 +5472,10 @@ class Server:
     @staticmethod
     def _refuse(connection):
         """Answer 503 on a connection that found no slot in time, and close it."""
-        try:
+        import socket
+        with contextlib.suppress(OSError):
             connection.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
                                b"Connection: close\r\nRetry-After: 1\r\n\r\n")
-        except OSError:
-            pass
-        import socket
         with contextlib.suppress(OSError):
             connection.shutdown(socket.SHUT_WR)
         connection.close()
@@ -5659,13 +5614,11 @@ def write_nowhere(stream):
 def raise_open_files_limit():
     """Raise this process's soft open-files limit to its hard limit: a shell's usual 1,024
     would cap the waiting agents a server holds (each one is a socket)."""
-    try:
+    with contextlib.suppress(ImportError, ValueError, OSError):  # no limit, or not raisable
         import resource
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != hard:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ImportError, ValueError, OSError):  # no such limit, or not to be raised here
-        pass
 
 
 def serve(store, host, port, **options):
@@ -5857,9 +5810,7 @@ def bridge_answer(url, token, channel=False):
         try:
             status, kind, body = http_post(endpoint, data, headers)
         except Unreachable as error:
-            if request_id is None:
-                return None
-            return rpc_error(request_id, -32603, error.message)
+            return None if request_id is None else rpc_error(request_id, -32603, error.message)
         if not body.strip():
             return None
         answer = parse_json_or_none(body)
