@@ -1501,7 +1501,8 @@ class Writer:
                     self.ready.wait()
                 if not self.queue:
                     return
-            turn, failure = self._take(GROUP_COMMIT_MAX), None
+            turn = self._take(GROUP_COMMIT_MAX)
+            failure = None
             try:
                 self._run_turn(turn)
             except AgoraError as error:         # the commit failed: none of it stands
@@ -2434,9 +2435,14 @@ def op_channels(store, caller, args, now):
                  "created": r["created"], "count": r["count"],
                  "following": bool(r["following"]), "unread": unread.get(r["name"], 0)}
                 for r in rows]
-    lines = [f"{ch['name']} {ch['count']} msgs"
-             + (f", following, {count_text(ch['unread'])} unread" if ch["following"] else "")
-             + (f" — {clip(ch['about'], 100)}" if ch["about"] else "") for ch in channels]
+    lines = []
+    for ch in channels:
+        line = f"{ch['name']} {ch['count']} msgs"
+        if ch["following"]:
+            line += f", following, {count_text(ch['unread'])} unread"
+        if ch["about"]:
+            line += f" — {clip(ch['about'], 100)}"
+        lines.append(line)
     return Result({"channels": channels}, "\n".join(lines))
 
 
@@ -2703,8 +2709,8 @@ def _settle(db, me, cursor, given_upto, ids, upto):
         bound = min(end, upto or end)
         if bound <= position:
             return 0
-        newly = _count(db, channel, position, bound, me, ",".join(map(str, final)),
-                       cap=None)[0] if held else 0
+        past = ",".join(map(str, final))
+        newly = _count(db, channel, position, bound, me, past, cap=None)[0] if held else 0
         position, final = bound, {i for i in final if i > bound}
     else:
         fresh = {i for i in ids if position < i <= end} - final
@@ -2942,9 +2948,10 @@ def op_search(store, caller, args, now):
         for scope in scopes:
             hits += SEARCHES[scope](db, caller.name, terms, args["limit"], store.fts, now)
     hits = sorted(hits, key=lambda hit: hit["rank"])[:args["limit"]]
+    for hit in hits:
+        del hit["rank"]         # an order among these hits, not a fact about one
     lines = []
     for hit in hits:
-        del hit["rank"]
         snippet = clip(hit["snippet"], 120)
         if hit["kind"] == "message":
             lines.append(f"message #{hit['id']} {hit['channel']} {hit['sender']} "
@@ -3366,6 +3373,7 @@ def op_own_tasks(store, caller, args, now):
     """Answer the caller's own tasks, as faces that follow them (A2A) see them: one by ID
     (not found unless the caller posted it), or a page in STATE, among IDS, changed since
     SINCE, after PAGE (a token of an earlier page), with the next page's token."""
+    # every argument is bound by its name; the statement uses those it names
     where, query = ["poster = :me"], dict(args, me=caller.name, now=now)
     if args["id"] is not None:
         where.append("id = :id")
@@ -3539,6 +3547,7 @@ def op_reserve(store, caller, args, now):
     patterns = sorted({reservation_pattern(path) for path in args["paths"]})
     if not patterns:
         raise BadRequest("paths must name at least one pattern")
+
     def refuse_conflicts(held):
         conflicts = reservation_conflicts(patterns, args["exclusive"], held)
         if conflicts:
@@ -3655,8 +3664,8 @@ def _check_value(name, rule, value):
     """Answer VALUE converted to RULE's type, or raise BadRequest naming NAME."""
     kind = rule["type"]
     if kind == "integer":
-        if (isinstance(value, float) and value.is_integer()
-                or isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,19}", value.strip())):
+        if ((isinstance(value, float) and value.is_integer())
+                or (isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,19}", value.strip()))):
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise BadRequest(f"{name} must be an integer")
@@ -4962,8 +4971,8 @@ class RequestHandler:
             return True                 # no look without waiting here (Windows): cannot tell
         try:
             return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-        except (BlockingIOError, ValueError):   # nothing sent and nothing closed, or a TLS
-            return True                         # socket, which takes no flags: cannot tell
+        except (BlockingIOError, ValueError):   # nothing sent, nothing closed; or a TLS
+            return True                         # socket (it takes no flags): cannot tell
         except OSError:
             return False
 
@@ -6537,7 +6546,7 @@ def _wake_lock(key):
 def _end_with_client():
     """End this process once the client that started it is gone: a client that was killed
     cannot stop its waiter, and a waiter left on would hold the wake lock and tell the
-    next news to nobody."""
+    next news to nobody. Called first thing, while that client is still the parent."""
     client = os.getppid()
 
     def watch():
@@ -6553,13 +6562,13 @@ def _wake(options):
     none in a session nobody attends (interactive_session)."""
     if not interactive_session():
         return 0
+    _end_with_client()
     try:
         with contextlib.closing(_link(options)) as link:
             lock = _wake_lock(link.key)
             if lock is None:
                 return 0
             with lock:
-                _end_with_client()
                 for body in news_batches(link, options.tasks, time.monotonic() + options.timeout):
                     print(news_facts(body, link), file=sys.stderr)
                     return 2

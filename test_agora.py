@@ -5841,7 +5841,6 @@ class HookTest(HookCase):
         self.assertIn("agora: 1 new message for bob", err)
         self.assertIn("wake up, bob", err)
 
-
     def test_a_wake_whose_client_was_killed_ends_with_it(self):
         # A killed client cannot stop its waiter: the waiter ends with it, letting go of
         # the wake lock, rather than tell the next news to nobody.
