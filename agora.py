@@ -6562,8 +6562,8 @@ def _wake(options):
     none in a session nobody attends (interactive_session)."""
     if not interactive_session():
         return 0
-    _end_with_client()
     try:
+        _end_with_client()      # a thread: there may be none to be had, said as trouble
         with contextlib.closing(_link(options)) as link:
             lock = _wake_lock(link.key)
             if lock is None:

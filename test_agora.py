@@ -5876,6 +5876,18 @@ class HookTest(HookCase):
         client.wait(10)
         self.assertTrue(until(lambda: not held(), 10))
 
+    def test_a_wake_with_no_thread_to_be_had_says_so_in_one_line(self):
+        # Watching the client takes a thread; a process out of them is trouble like any.
+        stderr = io.StringIO()
+        with unittest.mock.patch.object(threading.Thread, "start",
+                                        side_effect=RuntimeError("can't start new thread")), \
+                unittest.mock.patch.dict(os.environ, HOME=self.home,
+                                         CLAUDE_CODE_ENTRYPOINT="cli"), \
+                unittest.mock.patch("sys.stdin", io.StringIO("")), \
+                contextlib.redirect_stderr(stderr):
+            code = agora.main(["hook", "wake", "--as", "bob", "--timeout", "1", "--db", self.db])
+        self.assertEqual((code, stderr.getvalue()), (0, "agora hook: can't start new thread\n"))
+
 
 class WaitCommandTest(unittest.TestCase):
     """`agora.py wait`: for shells, loops and tools that watch a command's output."""
