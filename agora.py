@@ -91,6 +91,7 @@ SYSTEM_SENDER = "agora"     # the board's own voice; nobody can join as it
 TOP_OPEN_TASKS = 3
 MAX_LIMIT = 200             # items one listing may answer
 COUNT_CAP = 200             # unread messages are counted exactly up to this, per channel
+PAGE_BYTES = 2 * 1024 * 1024    # bytes of message bodies one page of messages may carry
 MAX_AFTER = 50              # tasks one task may wait for
 MAX_PATTERNS = 50           # paths one reserve call may claim
 MAX_WILDCARDS = 10          # wildcards one reservation pattern may hold
@@ -573,8 +574,12 @@ def parse_json_or_none(data):
 
 
 def json_bytes(value):
-    """Encode VALUE as compact JSON; escaped to ASCII, so any string can be sent."""
-    return json.dumps(value, separators=(",", ":")).encode("ascii")
+    """Encode VALUE as compact JSON in UTF-8 (an emoji is 4 bytes, not a 12-byte escape);
+    a string that is not Unicode text (a lone surrogate) is sent escaped instead."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode("ascii")
 
 
 ###############################################################################
@@ -1182,22 +1187,16 @@ def wait_for(store, caller, wait, now, attempt):
                 line.slot = False
 
 
-def undone_if_lost(store, caller, table, key, before, still):
-    """Have CALLER's Line put the row of TABLE that KEY ({column: value}) names back as it
-    was (BEFORE, {column: value}) should this answer not be handed over -- only while
-    the row still holds STILL ({column: value}, what this run made of it), so that
-    whatever changed it since stands. So a delivery (a cursor moved, news told) is final
-    only once its answer is written."""
+def taken_back_if_lost(store, caller, take_back, *args):
+    """Have CALLER's Line run TAKE_BACK(db, *ARGS), in a write block of its own, should this
+    answer not be handed over: so a delivery (a cursor moved, news told) is final only
+    once its answer is written."""
     if caller.line is None:
         return
-    where = " AND ".join(f"{name} = ?" for name in key)
-    sql = (f"UPDATE {table} SET {', '.join(f'{name} = ?' for name in before)} WHERE {where} "
-           f"AND {' AND '.join(f'{name} IS ?' for name in still)}")
-    values = (*before.values(), *key.values(), *still.values())
 
     def undo():
         with store.transaction(write=True) as db:
-            db.execute(sql, values)
+            take_back(db, *args)
     caller.line.on_lost(undo)
 
 
@@ -1751,6 +1750,17 @@ def _message_line(message, now):
             f"{age(now - message['ts'])}{reply}{marks}: {body}")
 
 
+def within_page(rows):
+    """Answer how many of ROWS (messages, in the order a page gives them) fit in one page's
+    PAGE_BYTES, the first always: every answer is bounded in bytes, not only in count."""
+    size = 0
+    for count, row in enumerate(rows):
+        size += len(row["body"].encode("utf-8")) + 256
+        if count and size > PAGE_BYTES:
+            return count
+    return len(rows)
+
+
 def _visible_sql(alias=""):
     """SQL that keeps the messages the caller (:me, :mailbox) may see: any channel's,
     and of mailboxes only the caller's own and what the caller sent."""
@@ -1966,7 +1976,15 @@ def became_ready(db, task_ids, now):
 
 # News: what an agent has been told -------------------------------------------
 
-TOLD_STATE = ("told_id", "told_ready", "told_lease")     # what telling moves (_mark_told)
+TOLD = "SELECT told_id, told_ready, told_lease FROM agents WHERE name = ?"  # what telling moves
+
+
+def _untold_again(db, me, before):
+    """Tell ME again what a news answer told and never handed over: ME's told marks back
+    to BEFORE (a row of TOLD), or kept where they stand if lower. Told since by another
+    answer, it is told twice, which is a duplicate, never a loss."""
+    db.execute("UPDATE agents SET told_id = min(told_id, ?), told_ready = min(told_ready, ?), "
+               "told_lease = min(told_lease, ?) WHERE name = ?", (*before, me))
 
 
 def _mark_told(db, me, now, message_id=None, ready=False):
@@ -2391,8 +2409,8 @@ def _agent_line(agent, now, unread):
     return line
 
 
-@operation("agents", "Who is here: status, last seen, the tasks each holds and the paths "
-           "each reserved, most recent first.", {"limit": LIMIT}, readonly=True)
+@operation("agents", "Who is here: status, last seen, tasks held and paths reserved, most "
+           "recent first.", {"limit": LIMIT}, readonly=True)
 def op_agents(store, caller, args, now):
     """List agents, most recently seen first, each with what it holds and reserves (up to
     AGENT_ITEMS of each); the caller's own record also counts its unread messages."""
@@ -2420,16 +2438,16 @@ def op_agents(store, caller, args, now):
 
 # Channels and messages -------------------------------------------------------
 
-@operation("channels", "Channels with message counts, whether you follow each, your unread "
-           "count.", readonly=True)
+@operation("channels", "Channels: message counts, whether you follow each, your unread.",
+           {"limit": LIMIT}, readonly=True)
 def op_channels(store, caller, args, now):
     """List the channels (mailboxes are not listed)."""
     me = caller.name
     with store.transaction() as db:
         rows = db.execute(
             "SELECT ch.*, coalesce(c.following, 0) AS following FROM channels ch "
-            "LEFT JOIN cursors c ON c.channel = ch.name AND c.agent = ? ORDER BY ch.name",
-            (me,)).fetchall()
+            "LEFT JOIN cursors c ON c.channel = ch.name AND c.agent = ? ORDER BY ch.name "
+            "LIMIT ?", (me, args["limit"])).fetchall()
         unread = _unread(db, me, now).channels
     channels = [{"name": r["name"], "about": r["about"], "created_by": r["created_by"],
                  "created": r["created"], "count": r["count"],
@@ -2506,7 +2524,7 @@ SAME_POST = ("sender = :sender AND digest = :digest AND ts >= :since AND channel
 
 
 @operation("post", "Post to a channel (default public), or direct mail with to=AGENT. "
-           f"An identical post within {DEDUP_SECONDS} s is stored once.",
+           f"A repeat within {DEDUP_SECONDS} s is stored once.",
            {"body": MESSAGE_BODY,
             "channel": _string(description="default public",
                                pattern=CHANNEL_OR_MAILBOX),
@@ -2589,7 +2607,7 @@ REDELIVERY_ENDS = ("redelivered = CASE WHEN :final >= coalesce(redo_upto, 0) THE
 def _deliver(db, me, limit, now, hold=0):
     """Give ME up to LIMIT unread messages, oldest first, moving its cursors past them;
     answer (the messages, the Counts of what remains when some does, and each cursor
-    moved: {channel: (its row as it stood before, its last_id now)}).
+    moved: {channel: (its row as it stood before, the ids it gave, oldest first)}).
 
     Invariant, per cursor: what lies at or below acked_id (with no hold, last_id) was
     given for good, and so was each id in acked_past (acked out of turn, or given by a
@@ -2613,8 +2631,9 @@ def _deliver(db, me, limit, now, hold=0):
                             "LIMIT :limit", dict(where, channel=channel, after=0,
                                                  limit=limit + 1)).fetchall()
     batch.sort(key=lambda row: row["id"])
+    page = batch[:within_page(batch[:limit])]
     delivered, given = [], {}
-    for row in batch[:limit]:
+    for row in page:
         cursor = cursors[row["channel"]]
         again = row["id"] <= (cursor["redo_upto"] or 0)
         delivered.append(_message(row, cursor["redelivered"] if again else 0))
@@ -2636,9 +2655,43 @@ def _deliver(db, me, limit, now, hold=0):
             db.execute(f"UPDATE cursors SET last_id = :final, {REDELIVERY_ENDS}, "
                        "acked_past = :past WHERE agent = :me AND channel = :channel",
                        dict(where, final=last_id, channel=channel, past=past or None))
-    remaining = _unread(db, me, now) if len(batch) > limit else NO_COUNTS
-    return delivered, remaining, {channel: (cursors[channel], ids[-1])
+    remaining = _unread(db, me, now) if len(batch) > len(page) else NO_COUNTS
+    return delivered, remaining, {channel: (cursors[channel], ids)
                                   for channel, ids in given.items()}
+
+
+def _given_back(db, me, before, ids):
+    """Take back what a read gave ME from one cursor (its row BEFORE; IDS, oldest first)
+    and could not hand over.
+
+    While the cursor stands where that read left it, it goes back as it was, as if the
+    read had never been made. Once another read (a second session, a hook, the page) has
+    moved it on, what it now counts as given for good among IDS comes again as a hold
+    that has already run out -- the next read gives it, marked redelivered -- while what
+    the other read gave stays given (acked_past); ids still held come again with their
+    hold. A duplicate is possible there; a loss is not (the invariant of _deliver)."""
+    channel, key = before["channel"], {"me": me, "channel": before["channel"]}
+    cursor = db.execute("SELECT * FROM cursors WHERE agent = :me AND channel = :channel",
+                        key).fetchone()
+    if cursor["last_id"] == ids[-1]:        # (an ack in between comes undone: given again)
+        db.execute(f"UPDATE cursors SET {', '.join(f'{name} = :{name}' for name in CURSOR_STATE)} "
+                   "WHERE agent = :me AND channel = :channel",
+                   dict(key, **{name: before[name] for name in CURSOR_STATE}))
+        return
+    held = cursor["acked_id"] is not None
+    position = cursor["acked_id"] if held else cursor["last_id"]
+    final = set(_ids(cursor["acked_past"]))
+    lost = [i for i in ids if i <= position or i in final]
+    if not lost:
+        return
+    acked = min(position, lost[0] - 1)
+    between = {row[0] for row in db.execute(
+        "SELECT id FROM messages WHERE channel = ? AND id > ? AND id <= ? AND sender != ?",
+        (channel, acked, position, me))}
+    db.execute("UPDATE cursors SET acked_id = :acked, acked_past = :past, held_until = :until, "
+               "held_count = held_count + :lost WHERE agent = :me AND channel = :channel",
+               dict(key, acked=acked, lost=len(lost), until=cursor["held_until"] if held else 0,
+                    past=",".join(map(str, sorted((final | between) - set(lost)))) or None))
 
 
 WAIT = _integer(0, MAX_WAIT, "seconds", default=0)
@@ -2646,7 +2699,7 @@ HOLD = _integer(0, 86400, "seconds until unacked messages come back", default=0)
 
 
 @operation("read", "Deliver your new messages (mailbox, followed channels) once each, "
-           "oldest first; wait blocks for some; hold: they come back until you ack.",
+           "oldest first; wait blocks for some; hold: they return until acked.",
            {"limit": LIMIT, "wait": WAIT, "hold": HOLD}, waits="wait",
            retry="read again; what the first may have delivered, history still shows")
 def op_read(store, caller, args, now):
@@ -2666,12 +2719,8 @@ def op_read(store, caller, args, now):
                     return None, watch(db, at)
         with store.transaction(write=True) as db:
             messages, remaining, moved = _deliver(db, me, args["limit"], at, hold)
-            for channel, (before, last_id) in moved.items():
-                # a later read moves last_id on; an ack in between would come undone (the
-                # messages it acked come again), never a message lost
-                undone_if_lost(store, caller, "cursors", {"agent": me, "channel": channel},
-                               {name: before[name] for name in CURSOR_STATE},
-                               {"last_id": last_id})
+            for channel, (before, ids) in moved.items():
+                taken_back_if_lost(store, caller, _given_back, me, before, ids)
             if messages:
                 return (messages, remaining, at), None
             return None, watch(db, at)
@@ -2786,8 +2835,8 @@ def op_ack(store, caller, args, now):
                   f"acknowledged {acked} held message{'s' if acked != 1 else ''}{said}")
 
 
-@operation("history", "Past messages of a channel, a page at a time; @agent is your "
-           "conversation with that agent. Moves no cursor.",
+@operation("history", "A channel's past messages, a page at a time; @agent is your "
+           "conversation with them. Moves no cursor.",
            {"channel": _string(description="a channel, or @agent", pattern=CHANNEL_OR_MAILBOX),
             "before": {"type": "integer", "minimum": 0, "default": 0,
                        "description": "ids below this; 0 = newest"},
@@ -2814,8 +2863,9 @@ def op_history(store, caller, args, now):
             where = "channel = :channel"
         rows = db.execute(f"SELECT * FROM messages WHERE {where} AND id < :before "
                           "ORDER BY id DESC LIMIT :limit", params).fetchall()
-        more = len(rows) > args["limit"]
-        messages = [_message(row) for row in reversed(rows[:args["limit"]])]
+        page = rows[:within_page(rows[:args["limit"]])]
+        more = len(rows) > len(page)
+        messages = [_message(row) for row in reversed(page)]
         if other is not None:
             seen_up_to = db.execute(
                 "SELECT coalesce(max(last_id), 0) FROM cursors WHERE agent = ? "
@@ -2837,18 +2887,24 @@ def op_history(store, caller, args, now):
     return Result({"messages": messages, "more": more}, text)
 
 
-@operation("message", "One message and the replies to it.", {"id": ID},
+@operation("message", "One message and the replies to it.", {"id": ID, "limit": LIMIT},
            required=["id"], readonly=True)
 def op_message(store, caller, args, now):
-    """Show one message the caller may see, with its visible replies."""
+    """Show one message the caller may see, with its first LIMIT visible replies."""
     me = caller.name
     with store.transaction() as db:
         message = _message(_visible_message(db, args["id"], me))
-        replies = [_message(row) for row in db.execute(
-            f"SELECT * FROM messages WHERE reply_to = :id AND {_visible_sql()} ORDER BY id",
-            {"id": args["id"], "me": me, "mailbox": mailbox(me)})]
+        rows = db.execute(
+            f"SELECT * FROM messages WHERE reply_to = :id AND {_visible_sql()} ORDER BY id "
+            "LIMIT :limit", {"id": args["id"], "me": me, "mailbox": mailbox(me),
+                             "limit": args["limit"] + 1}).fetchall()
+    page = rows[:within_page(rows[:args["limit"]])]
+    replies = [_message(row) for row in page]
     lines = [_message_line(message, now)] + ["  " + _message_line(r, now) for r in replies]
-    return Result({"message": message, "replies": replies}, "\n".join(lines))
+    if len(rows) > len(page):
+        lines.append(f"(more replies: message id={args['id']} limit={MAX_LIMIT})")
+    return Result({"message": message, "replies": replies, "more": len(rows) > len(page)},
+                  "\n".join(lines))
 
 
 def _like_pattern(term):
@@ -2984,11 +3040,9 @@ def op_news(store, caller, args, now):
         if (counts.total or tasks) and not args["peek"]:
             with store.transaction(write=True) as db:   # again: one teller per item
                 previews, counts, tasks = _untold(db, me, args["tasks"], at)
-                told = f"SELECT {', '.join(TOLD_STATE)} FROM agents WHERE name = ?"
-                before = dict(zip(TOLD_STATE, db.execute(told, (me,)).fetchone()))
+                before = db.execute(TOLD, (me,)).fetchone()
                 _mark_told(db, me, at, counts.newest, ready=args["tasks"])
-                undone_if_lost(store, caller, "agents", {"name": me}, before,
-                               dict(zip(TOLD_STATE, db.execute(told, (me,)).fetchone())))
+                taken_back_if_lost(store, caller, _untold_again, me, before)
         if counts.total or tasks:
             return (previews, counts, tasks), None
         return None, Watch(me, newest, ready if args["tasks"] else None, lease_ends)
@@ -3073,7 +3127,7 @@ PRIORITY = _integer(*PRIORITY_BOUNDS, "higher is taken first", default=0)
 
 
 @operation("post_task", "Put a task on the board for any agent to claim; with after, it "
-           "waits for those tasks to be done.",
+           "waits until those are done.",
            {"title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS, "priority": PRIORITY,
             "after": AFTER},
            required=["title"],
@@ -3441,7 +3495,7 @@ def _add_revision(db, project, key, version, body, author, now, deleted=False):
 
 
 @operation("write_note", "Write a shared note as a new revision; with version, only if "
-           "it is at that version (0 = new).",
+           "at that version (0 = new).",
            {"key": NOTE_KEY_NAME, "body": LONG_TEXT, "project": PROJECT_NAME,
             "version": _integer(0, 2 ** 31, "expected current version")},
            required=["key", "body"],
@@ -3529,8 +3583,8 @@ PATTERNS = {"type": "array", "items": _string(1, 300), "maxItems": MAX_PATTERNS,
             "description": "globs, e.g. src/parser/** or docs/"}
 
 
-@operation("reserve", "Reserve paths of a project so other agents keep off them: all or "
-           "none; renews what you hold.",
+@operation("reserve", "Reserve a project's paths so other agents keep off them: all or "
+           "none; renews yours.",
            {"paths": PATTERNS, "project": PROJECT_NAME,
             "lease": _integer(1, 86400, "seconds", default=3600),
             "exclusive": {"type": "boolean", "default": True},
@@ -4682,7 +4736,132 @@ class Headers:
         return list(self.named.get(name.lower(), ())) or default
 
 
-IDLE = "idle"               # RequestHandler.parked of a connection the Parker keeps idle
+IDLE = "idle"               # RequestHandler.parked: the Parker reads its next request's head
+WRITING = "writing"         # RequestHandler.parked: the Parker writes the rest of an answer
+HEAD_MOST = 65537 + 16384 + 4   # bytes a head may take (its line, its fields); past them a
+                                # thread reads it, and refuses it at once
+LOG_BACKLOG = 10000         # request log lines that may wait for a log that does not take them
+
+
+def not_now(error):
+    """Answer whether ERROR is a non-blocking socket's (plain or TLS) "not now"."""
+    return isinstance(error, BlockingIOError) or type(error).__name__ in (
+        "SSLWantReadError", "SSLWantWriteError")
+
+
+class Incoming:
+    """What a connection's client sent that nothing has read yet: RequestHandler's rfile.
+
+    A thread reads it as a file (readline, read), waiting on the socket; the Parker fills
+    it without waiting (fill) and asks whether a whole request head is in (has_head), so
+    a client that sends its request a byte at a time costs a socket, never a thread."""
+
+    def __init__(self, sock):
+        self.sock, self.data, self.scanned, self.closed = sock, bytearray(), 0, False
+
+    def _more(self):
+        chunk = self.sock.recv(65536)
+        self.data += chunk
+        return bool(chunk)
+
+    def _take(self, size):
+        chunk = bytes(self.data[:size])
+        del self.data[:size]
+        self.scanned = 0
+        return chunk
+
+    def readline(self, limit=-1):
+        """Answer the next line with its end, at most LIMIT bytes (b"" once the client is done)."""
+        looked = 0
+        while True:
+            end = self.data.find(b"\n", looked)
+            if end >= 0:
+                size = end + 1
+                break
+            looked = size = len(self.data)
+            if 0 <= limit <= looked or not self._more():
+                break
+        return self._take(min(size, limit) if limit >= 0 else size)
+
+    def read(self, size):
+        """Answer the next SIZE bytes (fewer only when the client is done)."""
+        while len(self.data) < size and self._more():
+            pass
+        return self._take(size)
+
+    def fill(self):
+        """Take what the client has sent, without waiting (the socket is non-blocking);
+        answer False once its side is closed or the connection failed."""
+        while True:
+            try:
+                chunk = self.sock.recv(65536)
+            except OSError as error:
+                return not_now(error)
+            if not chunk:
+                return False
+            self.data += chunk
+            pending = getattr(self.sock, "pending", None)      # what TLS holds decrypted
+            if len(chunk) < 65536 and not (pending and pending()):
+                return True
+
+    def has_head(self):
+        """Answer whether a whole request head is in (or more than one may take)."""
+        if len(self.data) > HEAD_MOST:
+            return True
+        start, self.scanned = max(0, self.scanned - 2), len(self.data)
+        return self.data.find(b"\n\r\n", start) >= 0 or self.data.find(b"\n\n", start) >= 0
+
+    def close(self):
+        self.closed = True
+
+
+class RequestLog:
+    """The request log: lines written to stderr by a thread of their own.
+
+    A log that cannot be written (stderr on a full disk, a pipe whose reader left) loses
+    its lines, never an answer; one that blocks (a pipe nobody reads) holds up no request
+    and not the Parker. At most LOG_BACKLOG lines wait; past that the oldest are dropped,
+    and how many is said once the log takes lines again."""
+
+    def __init__(self, stream):
+        import collections
+        self.stream, self.lines, self.dropped = stream, collections.deque(), 0
+        self.ready, self.stopping = threading.Condition(), False
+        self.thread = threading.Thread(target=self._run, name="agora-log", daemon=True)
+        self.thread.start()
+
+    def write(self, line):
+        """Queue LINE (one line, its end included); never raises, never waits on the log."""
+        with self.ready:
+            if len(self.lines) >= LOG_BACKLOG:
+                self.lines.popleft()
+                self.dropped += 1
+            self.lines.append(line)
+            self.ready.notify()
+
+    def _run(self):
+        while True:
+            with self.ready:
+                while not self.lines and not self.stopping:
+                    self.ready.wait()
+                if not self.lines:
+                    return
+                lines = list(self.lines)
+                self.lines.clear()
+                dropped, self.dropped = self.dropped, 0
+            if dropped:
+                lines.insert(0, f"agora: {dropped} log lines dropped: the log did not take "
+                                "them\n")
+            with contextlib.suppress(Exception):    # lost lines, and the log goes on
+                self.stream.write("".join(lines))
+                self.stream.flush()
+
+    def close(self):
+        """Write what waits, for a second at most (a log that blocks must not hold the stop)."""
+        with self.ready:
+            self.stopping = True
+            self.ready.notify()
+        self.thread.join(1.0)
 
 
 class Waiter:
@@ -4739,43 +4918,30 @@ class RequestHandler:
     # No socket timeout: it turns every read and write into two system calls. The
     # server's watchdog closes connections that idle, send slowly or stall instead.
     timeout = None
+    rbufsize = 0                # the socket's own reader, replaced by Incoming in setup
 
-    parked = None               # the Waiter of its parked wait, or IDLE: the Parker has it
+    parked = None               # where the Parker keeps it: a Waiter, IDLE or WRITING
+    kept_until = None           # when the Parker lets it go (a monotonic time)
+    unwritten, handing = b"", None  # WRITING: the rest of an answer, and its request's Line
 
     def setup(self):
-        """Register the connection with the watchdog, idle until a request begins."""
+        """Read the connection through Incoming, which the Parker fills without a thread."""
         super().setup()
-        self.server.watch(self.connection, self.server.idle_timeout)
+        self.rfile.close()
+        self.rfile = Incoming(self.connection)
 
-    def handle(self):
-        """Serve this connection's requests until it closes or a wait of it parks."""
-        self.close_connection = True
+    def serve_on(self):
+        """Serve the connection's requests, the first one's head in already, until it
+        closes or the Parker is to keep it (a wait of it parks, or it idles between an
+        agent's long-polls)."""
         self.handle_one_request()
-        self.serve_on()
-
-    def serve_on(self, left=b"", line=None):
-        """Write what is LEFT of the last answer -- taking back what it handed over through
-        LINE, its request's, should the client not take it -- then serve the connection's
-        next requests until it closes or a wait of it parks."""
-        if left:
-            try:
-                self.write(left)
-            except OSError:
-                self.close_connection = True
-                if line is not None:
-                    line.lost()
-                return
         while not self.close_connection and self.parked is None:
             self.handle_one_request()
 
     def finish(self):
-        """Forget the connection, unless a wait of it is parked (the Parker has it)."""
-        if self.parked is not None:
-            return
-        try:
+        """Let go of the connection's reader and writer (the socket is the server's to close)."""
+        with contextlib.suppress(OSError):
             super().finish()
-        finally:
-            self.server.watch(self.connection, None, closed=True)
 
     def parse_request(self):
         """Read the request line and the header fields, refusing what http.server refuses
@@ -4912,8 +5078,8 @@ class RequestHandler:
         """Hand ANSWER to REQUEST's client and log it; answer what is left to write: with
         AT_ONCE (the Parker) only what the socket takes without waiting is written. What
         the answer hands over is taken back (Line.lost) when the client hung up before it
-        or the write fails: a delivery is final once its answer is written whole
-        (serve_on writes what the Parker could not)."""
+        or the write fails: a delivery is final once its answer is written whole (the
+        Parker writes what it could not at once, and takes it back should that fail)."""
         line = request.caller.line if request is not None else None
         handed, left = True, b""
         try:
@@ -4934,8 +5100,8 @@ class RequestHandler:
             agent = answer.agent or (request.caller.name if request else None) or "-"
             what = re.sub(r"[^!-~]", "?", str(answer.what))[:80]     # one line, bounded
             gone = "" if handed else " (the client hung up: nothing handed over)"
-            sys.stderr.write(f"{stamp} {route.log if route else 'rest'} {agent} {what} "
-                             f"{answer.status} {millis:.0f}ms{gone}\n")
+            self.server.log.write(f"{stamp} {route.log if route else 'rest'} {agent} {what} "
+                                  f"{answer.status} {millis:.0f}ms{gone}\n")
         return left
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = handle_one_method
@@ -5010,25 +5176,14 @@ class RequestHandler:
         self.server.watch(self.connection, self.server.idle_timeout)
 
     def write_at_once(self, data):
-        """Write what of DATA the socket takes without waiting; answer how many bytes."""
-        self.connection.setblocking(False)
+        """Write what of DATA the socket takes without waiting (the Parker keeps it
+        non-blocking); answer how many bytes."""
         try:
             return self.connection.send(data)
-        except BlockingIOError:
-            return 0
-        finally:
-            self.connection.setblocking(True)
-
-    def has_more(self):
-        """Answer whether the client's next request has begun to arrive, read already or
-        waiting in the socket (a look that does not wait)."""
-        self.connection.setblocking(False)
-        try:
-            return bool(self.rfile.peek(1))
-        except (OSError, ValueError):
-            return False
-        finally:
-            self.connection.setblocking(True)
+        except OSError as error:
+            if not_now(error):
+                return 0
+            raise
 
     def log_message(self, format, *args):
         """Stay quiet: handle_one_method logs one line per request itself."""
@@ -5041,25 +5196,32 @@ DESCRIPTOR_RESERVE = 64     # descriptors kept for the store and the server's ow
 
 
 class Parker:
-    """The parked connections of one server, and the one thread that watches them.
+    """The connections of one server that no thread serves, and the one thread that keeps
+    them: it reads their requests' heads, holds their waits and writes their answers.
 
-    A waiting request gives back its thread and its request slot: its connection is kept
-    here (a Waiter), its socket watched with a selector, so a client that hangs up is
-    let go at once (nothing was delivered to it). When the file changes, the waits whose
-    agent has news (hearers), whose ready sequence moved, or whose hold, lease or wait ran
-    out are run again on this thread: FIRST_ANSWERS in one write turn, then twice as
-    many in each next one up to ANSWER_BATCH, so a public post to N waiters costs N small
-    attempts and a few commits, and the first answers go out soon. This thread writes
-    each answer itself, as far as the socket takes it at once; the connection then idles
-    here too, a socket and no thread, until its next request begins (a new thread then
-    serves it) or it has idled for the server's idle_timeout.
+    A connection comes here new, and whenever a thread is done with it between requests of
+    an agent that waits (IDLE): its socket is watched with a selector and what its client
+    sends is read without waiting, and only once a whole request head is in does the
+    connection go to a thread, admitted like a new one (Server.admit). A waiting request
+    gives back its thread and its slot: its connection is kept here (a Waiter), so a
+    client that hangs up is let go at once (nothing was delivered to it). When the file
+    changes, the waits whose agent has news (hearers), whose ready sequence moved, or
+    whose hold, lease or wait ran out are run again on this thread: FIRST_ANSWERS in one
+    write turn, then twice as many in each next one up to ANSWER_BATCH, so a public post
+    to N waiters costs N small attempts and a few commits, and the first answers go out
+    soon. This thread writes each answer as far as the socket takes it, the rest when the
+    socket takes more (WRITING), then keeps the connection IDLE for its next request.
 
-    Invariant: a connection is served by one thread or kept here, never both: it comes
-    here only once the thread that served it is done with it, and its next thread starts
-    only once it has left. Bounds: MAX_LONG_POLLS per agent (the Line's slot), a quarter
-    of the capacity per client address (loopback aside), the capacity in all; past one,
-    the longest idle connection closes, else the longest wait of that bound ends at once,
-    as if its time ran out.
+    Invariants: a connection is served by one thread or kept here, never both: it comes
+    here only once its thread is done with it, and goes to a thread only once it has left.
+    Each answer is its own unit: whatever fails while one waiter is answered (its write,
+    a bug) takes back what that answer handed over (Line.lost), lets that connection go
+    (_let_go, the one way out of here but to a thread) and touches no other waiter; an
+    answer is final only once written whole. Bounds: MAX_LONG_POLLS per agent (the Line's
+    slot); a quarter of the capacity of connections per client address, loopback aside;
+    the capacity of waits, and of connections kept between requests; past one, the
+    longest idle connection closes (never the one arriving), else the longest wait of that
+    bound ends at once, as if its time ran out.
     """
 
     def __init__(self, server, capacity):
@@ -5078,10 +5240,10 @@ class Parker:
         self.by_agent = {}          # agent -> its Waiters
         self.watching_ready = set() # the Waiters that watch the ready sequence
         self.again = []             # Waiters to run again at once (news they may have missed)
-        self.idle = {}              # connection -> (its handler, when it is closed)
-        self.timers = []            # heap of (when, a count, Waiter or idle handler)
+        self.idle = {}              # connection -> handler, IDLE or WRITING (longest kept first)
+        self.timers = []            # heap of (when, a count, Waiter or handler)
         self.timed = 0              # timers set so far: orders those set for one time
-        self.per_address = {}       # client address -> parked waits, loopback aside
+        self.per_address = {}       # client address -> connections kept, loopback aside
         self.checked = 0            # news up to this message id was looked for
         self.ready = None           # the ready sequence as last looked at
         self.news_after = 0.0       # the soonest the next look for news may be
@@ -5089,8 +5251,8 @@ class Parker:
         self.thread.start()
 
     def park(self, kept):
-        """Take a connection whose thread is done with it: KEPT is a parked wait's Waiter,
-        or the handler of a connection to keep idle until its next request."""
+        """Take a connection no thread serves: KEPT is a parked wait's Waiter, or the handler
+        of a connection to keep until its next request's head is in (new, or IDLE)."""
         with self.lock:
             self.arriving.append(kept)
         self._ring()
@@ -5130,9 +5292,8 @@ class Parker:
                 stopping = self.stopping
             try:
                 if stopping:
-                    idle = [handler for handler, _ in self.idle.values()]
-                    for kept in list(self.waiters.values()) + arriving + idle:
-                        (self._let_go if isinstance(kept, Waiter) else self._close)(kept)
+                    for kept in list(self.waiters.values()) + list(self.idle.values()) + arriving:
+                        self._safely(self._let_go, kept)
                     self.selector.close()
                     self.bell.close()
                     self.ringer.close()
@@ -5141,9 +5302,11 @@ class Parker:
                     if key.fileobj is self.bell:
                         with contextlib.suppress(OSError):
                             self.bell.recv(4096)
+                    elif isinstance(key.data, Waiter):
+                        self._safely(self._look, key.data)
                     else:
-                        self._safely(self._look if isinstance(key.data, Waiter)
-                                     else self._next_request, key.data)
+                        self._safely(self._write_rest if key.data.parked is WRITING
+                                     else self._read_head, key.data)
                 for kept in arriving:
                     self._safely(self._add if isinstance(kept, Waiter) else self._keep_idle, kept)
                 due, batch = self._due(news), FIRST_ANSWERS
@@ -5153,19 +5316,20 @@ class Parker:
             except Exception:           # a bug of the parker's own: said, and on
                 report_bug("the parker")
 
-    def _safely(self, step, kept):
-        """Do STEP(KEPT) for one kept connection; should it fail (a bug, said), let that
-        connection go rather than lose it or the others."""
+    def _safely(self, step, kept, *args):
+        """Do STEP(KEPT, *ARGS) for one kept connection; should it fail (a bug, said), let
+        that connection go rather than lose it or the others."""
         try:
-            step(kept)
+            step(kept, *args)
         except Exception:
             report_bug("the parker")
             with contextlib.suppress(Exception):
-                (self._let_go if isinstance(kept, Waiter) else self._close)(kept)
+                self._let_go(kept)
 
     def _add(self, waiter):
         import selectors
         connection, agent = waiter.handler.connection, waiter.watch.agent
+        connection.setblocking(False)
         self.waiters[connection] = waiter
         self.by_agent.setdefault(agent, set()).add(waiter)
         if waiter.watch.ready is not None:
@@ -5178,11 +5342,8 @@ class Parker:
         if waiter.watch.newest < self.checked:  # a message came since it looked
             self.again.append(waiter)
         self._time(waiter)
-        if not is_loopback(waiter.address):
-            self.per_address[waiter.address] = self.per_address.get(waiter.address, 0) + 1
-            if self.per_address[waiter.address] > max(1, self.capacity // 4):
-                self._end_longest(lambda other: other.address == waiter.address)
-        self._make_room()
+        self._count_in(waiter.handler)
+        self._make_room(waiter.handler)
 
     def _time(self, waiter):
         """Set when WAITER ends unless news comes: its deadline, or a hold or lease that
@@ -5194,16 +5355,36 @@ class Parker:
         waiter.ends, self.timed = ends, self.timed + 1
         heapq.heappush(self.timers, (ends, self.timed, waiter))
 
-    def _make_room(self):
-        """Keep to the capacity: close the longest idle connection, else end the longest wait."""
-        while len(self.waiters) + len(self.idle) > self.capacity:
-            if self.idle:
-                self._close(next(iter(self.idle.values()))[0])
-                continue
-            ending = sum(1 for waiter in self.waiters.values() if not waiter.line.deadline)
-            if (len(self.waiters) - ending <= self.capacity
-                    or not self._end_longest(lambda other: True)):
-                return
+    def _count_in(self, handler):
+        address = handler.client_address[0]
+        if not is_loopback(address):
+            self.per_address[address] = self.per_address.get(address, 0) + 1
+
+    def _make_room(self, arriving):
+        """Keep to the bounds as ARRIVING (a handler) comes: past its address's share, the
+        longest idle connection of that address closes, else its longest wait ends; past
+        the capacity of connections kept between requests, the longest idle one closes;
+        past the capacity of waits, the longest ends."""
+        address = arriving.client_address[0]
+        if self.per_address.get(address, 0) > max(1, self.capacity // 4):
+            if not self._close_longest_idle(address, arriving):
+                self._end_longest(lambda other: other.address == address)
+        if len(self.idle) > self.capacity:
+            self._close_longest_idle(None, arriving)
+        ending = sum(1 for waiter in self.waiters.values() if not waiter.line.deadline) \
+            if len(self.waiters) > self.capacity else 0
+        while len(self.waiters) - ending > self.capacity and self._end_longest(lambda w: True):
+            ending += 1
+
+    def _close_longest_idle(self, address, arriving):
+        """Close the connection kept IDLE longest (of ADDRESS, unless None), never ARRIVING;
+        answer whether there was one."""
+        for handler in self.idle.values():
+            if (handler is not arriving and handler.parked is IDLE
+                    and address in (None, handler.client_address[0])):
+                self._let_go(handler)
+                return True
+        return False
 
     def _end_longest(self, among):
         """End the longest parked wait AMONG chooses now, as if its time ran out; answer
@@ -5230,48 +5411,115 @@ class Parker:
         if not self.waiters:            # the last: changes of the file are news to nobody
             self.store.listen(self.on_change, on=False)
 
-    def _let_go(self, waiter):
-        """Close a parked connection whose wait ends unanswered (it hung up, or the server
-        stops): nothing was delivered to it."""
-        if waiter.handler.connection in self.waiters:
-            self._remove(waiter)
-        if waiter.line.slot:
-            waiter.line.slot = False
-            self.store.long_poll_done(waiter.request.caller.name)
-        self._close(waiter.handler)
-
-    def _close(self, handler):
-        """Close a kept connection."""
+    def _forget(self, handler):
+        """Stop keeping HANDLER's connection IDLE or WRITING (if it was)."""
         if self.idle.pop(handler.connection, None) is not None:
             self.selector.unregister(handler.connection)
-        handler.parked = None
-        with contextlib.suppress(OSError):
-            handler.finish()
-        self.server.shutdown_request(handler.connection)
+            address = handler.client_address[0]
+            if address in self.per_address:
+                count_out(self.per_address, address)
+
+    def _let_go(self, kept):
+        """Close a kept connection, the one way one leaves but to a thread: what its answer
+        handed over and was not written whole is taken back (a parked wait's, or the rest
+        of an answer), and a wait's long-poll is given back."""
+        if isinstance(kept, Waiter):
+            handler, line = kept.handler, kept.line
+            if self.waiters.get(handler.connection) is kept:
+                self._remove(kept)
+            if line.slot:
+                line.slot = False
+                self.store.long_poll_done(kept.request.caller.name)
+        else:
+            handler = kept
+            line = handler.handing if handler.parked is WRITING else None
+            self._forget(handler)
+        handler.parked, handler.unwritten, handler.handing = None, b"", None
+        if line is not None:
+            line.lost()
+        self.server.hang_up(handler)
 
     def _look(self, waiter):
         """Let WAITER go if its client hung up; stop reading if it sent more meanwhile (a
         hang-up is noticed when it is answered then)."""
-        if not waiter.handler.client_listening():
+        handler = waiter.handler
+        if not handler.client_listening():
             self._let_go(waiter)
-        elif waiter.handler.has_more():
-            self.selector.unregister(waiter.handler.connection)
+        elif handler.rfile.data or handler.rfile.fill() and handler.rfile.data:
+            self.selector.unregister(handler.connection)
             waiter.reading = False
 
-    def _next_request(self, handler):
-        """Serve an idle connection's next request on a thread of its own, or close it if
-        its client hung up."""
-        if not handler.has_more():
-            self._close(handler)
+    def _keep_idle(self, handler):
+        """Keep HANDLER's connection until its next request's head is in (IDLE): a new one,
+        one a thread is done with, or one whose answer was written whole."""
+        import selectors
+        handler.connection.setblocking(False)
+        if handler.rfile.has_head():
+            self._to_thread(handler)
             return
-        del self.idle[handler.connection]
-        self.selector.unregister(handler.connection)
-        self.server.serve_again(handler)
+        self._hold(handler, IDLE, selectors.EVENT_READ,
+                   self.server.request_timeout if handler.rfile.data
+                   else self.server.idle_timeout)
+        self._make_room(handler)
+
+    def _hold(self, handler, state, events, seconds):
+        """Keep HANDLER's connection in STATE, watching for EVENTS, for SECONDS at most."""
+        import heapq
+        if handler.connection in self.idle:
+            self.selector.modify(handler.connection, events, handler)
+        else:
+            self.idle[handler.connection] = handler
+            self.selector.register(handler.connection, events, handler)
+            self._count_in(handler)
+        handler.parked = state
+        handler.kept_until, self.timed = time.monotonic() + seconds, self.timed + 1
+        heapq.heappush(self.timers, (handler.kept_until, self.timed, handler))
+
+    def _read_head(self, handler):
+        """Read what an IDLE connection's client sent; once a whole head is in, its request
+        goes to a thread; a client that closed its side is let go; the first bytes of a
+        head give it request_timeout to send the rest."""
+        began = bool(handler.rfile.data)
+        going_on = handler.rfile.fill()
+        if handler.rfile.has_head():
+            self._to_thread(handler)
+        elif not going_on:
+            self._let_go(handler)
+        elif not began and handler.rfile.data:
+            self._hold(handler, IDLE, self.selector.get_key(handler.connection).events,
+                       self.server.request_timeout)
+
+    def _to_thread(self, handler):
+        self._forget(handler)
+        handler.parked = None
+        self.server.admit(handler)
+
+    def _write_rest(self, handler):
+        """Write what the socket takes of the rest of an answer; once all of it is written
+        the delivery is final, and the connection idles for its next request."""
+        try:
+            sent = handler.write_at_once(handler.unwritten)
+        except OSError:                 # the client hung up: what it was handed comes again
+            self._let_go(handler)
+            return
+        handler.unwritten = handler.unwritten[sent:]
+        if not handler.unwritten:
+            handler.handing.undo = []
+            self._answered(handler)
+
+    def _answered(self, handler):
+        """Keep a connection whose answer is written whole for its next request, or close it."""
+        handler.unwritten, handler.handing = b"", None
+        if handler.close_connection:
+            self._let_go(handler)
+        else:
+            self._keep_idle(handler)
 
     def _due(self, news):
         """Answer the waiters to run again now: those whose time ran out and, when NEWS may
         have come, those it concerns (the work grows with them, not with all who wait).
-        Close the connections that idled too long."""
+        Let go of the connections whose time here ran out (idle, a head sent too slowly,
+        an answer taken too slowly)."""
         import heapq
         due, self.again = set(self.again), []
         if news and self.waiters:
@@ -5290,8 +5538,8 @@ class Parker:
             if isinstance(kept, Waiter):
                 if kept.ends == when and self.waiters.get(kept.handler.connection) is kept:
                     due.add(kept)
-            elif self.idle.get(kept.connection, (None, None))[1] == when:
-                self._close(kept)
+            elif kept.kept_until == when and self.idle.get(kept.connection) is kept:
+                self._safely(self._let_go, kept)
         due = [waiter for waiter in due if self.waiters.get(waiter.handler.connection) is waiter]
         due.sort(key=lambda waiter: waiter.started)
         for waiter in due:
@@ -5299,41 +5547,32 @@ class Parker:
         return due
 
     def _answer(self, waiters):
-        """Run the WAITERS' requests again, in one write turn, and answer those that end."""
+        """Run the WAITERS' requests again, in one write turn, then hand each its answer,
+        one waiter at a time (_hand_over)."""
         try:
             with self.store.group_commit.turn():
                 ran = [(waiter, self._run_again(waiter)) for waiter in waiters]
         except (AgoraError, sqlite3.Error):     # the turn's commit failed: each alone
             ran = [(waiter, self._run_again(waiter)) for waiter in waiters]
         for waiter, answer in ran:
-            if answer is None:
-                self._add(waiter)
-                continue
-            handler = waiter.handler
-            handler.parked = None
-            left = handler.reply(answer, waiter.request.route, waiter.request,
-                                 waiter.started, at_once=True)
-            if handler.close_connection and not left:
-                self._close(handler)
-            elif left:
-                self.server.serve_again(handler, left, waiter.line)
-            else:
-                self._keep_idle(handler)
+            self._safely(self._hand_over, waiter, answer)
 
-    def _keep_idle(self, handler):
-        """Keep HANDLER's connection, answered, until its next request begins."""
-        import selectors
-        if handler.has_more():
-            self.server.serve_again(handler)
+    def _hand_over(self, waiter, answer):
+        """Write WAITER's ANSWER as far as the socket takes it at once, the rest as it takes
+        more (WRITING); None: the wait parks again."""
+        if answer is None:
+            self._add(waiter)
             return
-        import heapq
-        handler.parked = None
-        closes = time.monotonic() + self.server.idle_timeout
-        self.idle[handler.connection] = (handler, closes)
-        self.selector.register(handler.connection, selectors.EVENT_READ, handler)
-        self.timed += 1
-        heapq.heappush(self.timers, (closes, self.timed, handler))
-        self._make_room()
+        import selectors
+        handler = waiter.handler
+        left = handler.reply(answer, waiter.request.route, waiter.request,
+                             waiter.started, at_once=True)
+        if left:
+            handler.unwritten, handler.handing = memoryview(left), waiter.line
+            self._hold(handler, WRITING, selectors.EVENT_WRITE, self.server.send_timeout)
+        else:
+            waiter.line.undo = []
+            self._answered(handler)
 
     @staticmethod
     def _run_again(waiter):
@@ -5348,13 +5587,13 @@ class Parker:
 class Server:
     """The listening side: mixed into ThreadingHTTPServer by make_server().
 
-    A watchdog thread closes connections that stay too long in one state (idle,
-    sending a request, taking an answer), so idle and slow clients cost a
-    sleeping thread each, never the others' service. A connection whose request
-    waits is parked (Parker): it holds no thread and no slot meanwhile. A new
-    connection past max_connections served at once (or max_per_address) waits up to
-    slot_wait seconds for a slot, holding nobody up, then gets 503. Every setting
-    below can be given to make_server() for one server.
+    A new connection goes to the Parker, which reads its first request's head without a
+    thread; only then is it admitted (admit) to a thread and one of max_connections
+    slots, and it keeps both while it works and between its requests, until it closes
+    or a wait of it parks. A watchdog thread closes the connections threads serve that
+    stay too long in one state (sending a request, taking an answer, idle), so slow
+    clients cost a sleeping thread each, never the others' service. Every setting below
+    can be given to make_server() for one server.
     """
 
     daemon_threads = True
@@ -5366,7 +5605,8 @@ class Server:
     reap_interval = 0.5         # how often the watchdog looks for connections past their time
     max_connections = 512       # connections served at once (parked ones aside)
     max_per_address = 64        # of those from one client address, loopback aside
-    slot_wait = 2.0             # seconds a new connection may wait for a slot, then 503
+    slot_wait = 2.0             # seconds a request may wait for a slot while none is freed
+    max_queued = 10000          # requests that may wait for a slot, then 503 at once
     max_waiters = 10000         # parked waits in all (fewer if descriptors are short)
     quiet = False               # log no requests
     public_url = None           # the base URL clients reach, for the agent card
@@ -5385,9 +5625,10 @@ class Server:
         self.addresses, self.per_address = {}, {}   # socket -> client address; counts
         self.dated = (None, "")
         self.watch_lock = threading.Lock()
-        self.queued = []            # (connection, client address, until): waiting for a slot
+        self.queued = []            # (handler, since when): requests waiting for a slot
+        self.admitted = time.monotonic()    # when a request last took a slot
         self.watchdog_stop = threading.Event()
-        self.parker = None
+        self.parker = self.log = None
         super().__init__(address, handler)
 
     def waiter_capacity(self):
@@ -5440,98 +5681,106 @@ class Server:
                 late = [conn for conn, deadline in self.deadlines.items() if deadline <= now]
                 for conn in late:
                     del self.deadlines[conn]
-                refused = [item for item in self.queued if item[2] <= now]
-                self.queued = [item for item in self.queued if item[2] > now]
+                stuck = now - self.admitted >= self.slot_wait
+                refused = [item for item in self.queued if now - item[1] >= self.slot_wait and (
+                    stuck or not self._within_share(item[0].client_address[0]))]
+                self.queued = [item for item in self.queued if item not in refused]
             for conn in late:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)     # wakes the thread blocked on it
-            for conn, _, _ in refused:
-                self._refuse(conn)
+            for handler, _ in refused:
+                self._refuse(handler)
 
     def process_request(self, request, client_address):
-        """Serve a connection in a thread once it has a slot: past the connections served
-        in all, or from one client address (loopback aside), it waits up to slot_wait
-        seconds for one without holding anyone up, then is refused with 503."""
+        """Take a new connection: the Parker reads its first request's head, no thread
+        meanwhile, and then admits it."""
+        handler = self.RequestHandlerClass.__new__(self.RequestHandlerClass)
+        handler.request, handler.client_address, handler.server = request, client_address, self
+        handler.setup()
+        self.parker.park(handler)
+
+    def admit(self, handler):
+        """Serve HANDLER's connection, its request's head in, on a thread once it has a
+        slot: the one admission of every request a thread serves, new or from the Parker.
+        Past max_connections served at once, or max_per_address from one client address
+        (loopback aside), it waits its turn, holding nobody up; it is refused 503 when
+        max_queued wait already, or once it has waited slot_wait seconds in which no slot
+        was taken (the server is stuck) or while its own address holds its whole share."""
+        address = handler.client_address[0]
         with self.watch_lock:
-            fits = self._fits(client_address[0])
+            fits = self._fits(address)
             if fits:
-                self._take_slot(request, client_address[0])
-            else:
-                self.queued.append((request, client_address, time.monotonic() + self.slot_wait))
+                self._take_slot(handler.connection, address)
+            elif len(self.queued) < self.max_queued:
+                self.queued.append((handler, time.monotonic()))
+                return
         if fits:
-            super().process_request(request, client_address)
+            self._start(handler)
+        else:
+            self._refuse(handler)
 
     def _fits(self, address):
         """Answer whether a connection from ADDRESS may be served now (watch_lock held)."""
-        return len(self.open_connections) < self.max_connections and (
-            self.per_address.get(address, 0) < self.max_per_address or is_loopback(address))
+        return len(self.open_connections) < self.max_connections and self._within_share(address)
+
+    def _within_share(self, address):
+        """Answer whether ADDRESS holds fewer than its share of slots (watch_lock held)."""
+        return self.per_address.get(address, 0) < self.max_per_address or is_loopback(address)
 
     def _admit(self):
-        """Serve the connections waiting for a slot that have one now, oldest first."""
+        """Serve the requests waiting for a slot that have one now, oldest first."""
         admitted = []
         with self.watch_lock:
             for item in list(self.queued):
-                if self._fits(item[1][0]):
+                address = item[0].client_address[0]
+                if self._fits(address):
                     self.queued.remove(item)
-                    self._take_slot(item[0], item[1][0])
-                    admitted.append(item)
-        for request, client_address, _ in admitted:
-            super().process_request(request, client_address)
+                    self._take_slot(item[0].connection, address)
+                    admitted.append(item[0])
+        for handler in admitted:
+            self._start(handler)
 
-    @staticmethod
-    def _refuse(connection):
-        """Answer 503 on a connection that found no slot in time, and close it."""
-        import socket
+    def _refuse(self, handler):
+        """Answer 503 on a connection that found no slot, and close it."""
         with contextlib.suppress(OSError):
-            connection.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                               b"Connection: close\r\nRetry-After: 1\r\n\r\n")
-        with contextlib.suppress(OSError):
-            connection.shutdown(socket.SHUT_WR)
-        connection.close()
+            handler.connection.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: "
+                                       b"0\r\nConnection: close\r\nRetry-After: 1\r\n\r\n")
+        self.hang_up(handler)
 
     def _take_slot(self, connection, address):
         """Count CONNECTION among those served (self.watch_lock held)."""
         self.open_connections.add(connection)
         self.addresses[connection] = address
         self.per_address[address] = self.per_address.get(address, 0) + 1
+        self.admitted = time.monotonic()
 
-    def process_request_thread(self, request, client_address):
-        """Serve one connection on this thread until it closes or a wait of it parks."""
-        handler = None
+    def _start(self, handler):
+        """Serve HANDLER's connection, admitted, on a new thread; with no thread to be had
+        (a pids limit), refuse its request, which did not run."""
+        handler.connection.setblocking(True)
+        self.watch(handler.connection, self.request_timeout)
         try:
-            handler = self.RequestHandlerClass(request, client_address, self)
-        except Exception:
-            self.handle_error(request, client_address)
-        self._served(handler, request)
+            threading.Thread(target=self._serve, args=(handler,), daemon=True).start()
+        except RuntimeError as error:
+            self.log.write(f"agora: a request was refused (503): {error}\n")
+            self._refuse(handler)
 
-    def _served(self, handler, request):
-        """Hand the connection whose thread is done with it to the Parker, if a wait of it
-        parked (or it idles between long-polls); else close it."""
-        if handler is not None and handler.parked is not None:
-            self.watch(request, None, closed=True)
-            self.parker.park(handler if handler.parked is IDLE else handler.parked)
-        else:
-            self.shutdown_request(request)
-
-    def serve_again(self, handler, left=b"", line=None):
-        """Serve a connection the Parker lets go of on a new thread: write what is LEFT of
-        its last answer (LINE: that request's), then serve its next requests."""
-        handler.parked = None
-        with self.watch_lock:
-            self._take_slot(handler.connection, handler.client_address[0])
-        self.watch(handler.connection, self.idle_timeout)
-        threading.Thread(target=self._served_again, args=(handler, left, line),
-                         daemon=True).start()
-
-    def _served_again(self, handler, left, line):
+    def _serve(self, handler):
+        """Serve one connection on this thread until it closes or the Parker is to keep it."""
         try:
-            try:
-                handler.serve_on(left, line)
-            finally:
-                handler.finish()
+            handler.serve_on()
         except Exception:
             self.handle_error(handler.connection, handler.client_address)
-        self._served(handler, handler.connection)
+        if handler.parked is not None:
+            self.watch(handler.connection, None, closed=True)
+            self.parker.park(handler if handler.parked is IDLE else handler.parked)
+        else:
+            self.hang_up(handler)
+
+    def hang_up(self, handler):
+        """Close HANDLER's connection, its slot freed: the one way a connection closes."""
+        handler.finish()
+        self.shutdown_request(handler.connection)
 
     def shutdown_request(self, request):
         """Close a connection, its slot freed."""
@@ -5548,11 +5797,13 @@ class Server:
             self.parker.close()
         with self.watch_lock:
             queued, self.queued = self.queued, []
-        for connection, _, _ in queued:
-            self._refuse(connection)
+        for handler, _ in queued:
+            self._refuse(handler)
         writer, self.store.writer = self.store.writer, None
         if writer is not None:
             writer.close()
+        if self.log is not None:
+            self.log.close()
 
     def handle_error(self, request, client_address):
         """Ignore clients that hang up or time out; log anything else."""
@@ -5604,6 +5855,7 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
                                          server.public_url)
     if store.writer is None:
         store.writer = Writer(store)
+    server.log = RequestLog(sys.stderr)
     server.parker = Parker(server, server.waiter_capacity())
     server.start_watchdog()
     return server

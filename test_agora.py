@@ -1686,6 +1686,104 @@ class HeldDeliveryTest(StoreCase):
         self.assertEqual(self.ok("brief", who="bob")["acks"]["held"], 1003)
 
 
+class LostAnswerTest(StoreCase):
+    """A delivery is final only once its answer is handed over: what a lost answer gave comes
+    again, also when another read of the same agent moved the cursor on meanwhile."""
+
+    def setUp(self):
+        super().setUp()
+        self.ok("brief", who="bob")
+        self.first = [self.ok("post", who="alice", to="bob", body=f"m{n}")["id"]
+                      for n in range(3)]
+
+    def lost_read(self, **args):
+        """Read as bob over a Line; answer (the ids it gave, the Line to lose them by)."""
+        line = agora.Line()
+        got = agora.call(self.store, "read", args, agora.Caller("bob", True, line=line), T0)
+        return [m["id"] for m in got.body["messages"]], line
+
+    def given(self, now=T0, **args):
+        return [(m["id"], m.get("redelivered", 0)) for m in
+                self.ok("read", who="bob", now=now, **args)["messages"]]
+
+    def test_a_lost_read_is_undone_while_the_cursor_stands(self):
+        got, line = self.lost_read()
+        self.assertEqual(got, self.first)
+        line.lost()
+        self.assertEqual(self.given(), [(i, 0) for i in self.first])
+
+    def test_a_lost_read_comes_again_after_another_read_moved_on(self):
+        for hold in (0, 60):
+            with self.subTest(hold=hold):
+                got, line = self.lost_read(hold=hold)
+                later = self.ok("post", who="alice", to="bob", body=f"later {hold}")["id"]
+                self.assertEqual(self.given(), [(later, 0)])    # a second session reads on
+                line.lost()                                     # the first answer never went
+                again = self.given(T0 + (60 if hold else 0))
+                self.assertEqual([i for i, _ in again], got)
+                self.assertTrue(all(n >= 1 for _, n in again), again)
+                self.assertEqual(self.given(T0 + 200), [])      # once, and later stays read
+                self.first = [self.ok("post", who="alice", to="bob", body=f"n{n}")["id"]
+                              for n in range(2)]
+
+    def test_a_lost_read_beside_a_hold_under_way_comes_back_with_it(self):
+        held = self.given(hold=60)
+        mine = self.ok("post", who="alice", to="bob", body="plain")["id"]
+        got, line = self.lost_read()
+        self.assertEqual(got, [mine])
+        later = self.ok("post", who="alice", to="bob", body="later")["id"]
+        self.assertEqual(self.given(), [(later, 0)])
+        line.lost()
+        back = self.given(T0 + 60)
+        self.assertEqual(sorted(i for i, _ in back), sorted([i for i, _ in held] + [mine]))
+
+    def test_lost_news_is_told_again_after_other_news(self):
+        line = agora.Line()
+        told = agora.call(self.store, "news", {}, agora.Caller("bob", True, line=line), T0)
+        self.assertEqual(told.body["count"], 3)
+        later = self.ok("post", who="alice", to="bob", body="later")["id"]
+        self.assertEqual(self.ok("news", who="bob")["count"], 1)
+        line.lost()
+        again = self.ok("news", who="bob")
+        self.assertEqual([m["id"] for m in again["messages"]], self.first + [later])
+
+
+class BoundedAnswerTest(StoreCase):
+    """Every answer is bounded in bytes: UTF-8 on the wire, a page of messages stops at a
+    byte budget saying more, and every listing takes a limit."""
+
+    def test_a_page_of_emoji_stops_at_the_byte_budget(self):
+        body = "\U0001F600" * 16384                 # 64 KiB of UTF-8 a message
+        self.ok("brief", who="bob")
+        for n in range(60):
+            self.ok("post", who="alice", to="bob", body=f"{n}{body}"[:16384])
+        page = self.ok("history", who="bob", channel="@bob", limit=200)
+        self.assertTrue(page["more"])
+        self.assertLessEqual(len(agora.json_bytes(page)), agora.PAGE_BYTES + 200 * 1024)
+        self.assertLess(len(agora.json_bytes(page)), len(json.dumps(page)) / 2)  # not \u escapes
+        read = self.ok("read", who="bob", limit=200)
+        self.assertLess(len(read["messages"]), 60)
+        self.assertEqual(read["remaining"], 60 - len(read["messages"]))
+        self.assertLessEqual(len(agora.json_bytes(read)), agora.PAGE_BYTES + 200 * 1024)
+
+    def test_json_on_the_wire_is_utf8(self):
+        self.assertEqual(agora.json_bytes({"b": "\U0001F600"}), '{"b":"\U0001F600"}'.encode())
+        self.assertEqual(agora.json_bytes({"b": "\ud800"}), b'{"b":"\\ud800"}')
+
+    def test_message_and_channels_take_a_limit(self):
+        first = self.ok("post", who="alice", body="root")["id"]
+        for n in range(5):
+            self.ok("post", who="bob", body=f"re {n}", reply_to=first)
+        shown = self.ok("message", who="alice", id=first, limit=3)
+        self.assertEqual([r["body"] for r in shown["replies"]], ["re 0", "re 1", "re 2"])
+        self.assertTrue(shown["more"])
+        self.assertFalse(self.ok("message", who="alice", id=first)["more"])
+        for name in ("a1", "a2", "a3"):
+            self.ok("create_channel", name=name)
+        self.assertEqual([c["name"] for c in self.ok("channels", limit=2)["channels"]],
+                         ["a1", "a2"])
+
+
 class ReceiptTest(StoreCase):
     """post to=bob ack=true: bob sees it asked; his ack tells alice, and only alice."""
 
@@ -3043,8 +3141,9 @@ class ServeBoundsTest(unittest.TestCase):
         port = server.server_address[1]
         held = []
         self.addCleanup(lambda: [conn.close() for conn in held])
-        for _ in range(server.max_per_address):
+        for _ in range(server.max_per_address):     # each a thread, reading a body to come
             held.append(socket.create_connection((address, port), timeout=10))
+            held[-1].sendall(b"POST /api/post HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n")
         self.assertTrue(until(lambda: sum(server.per_address.values()) == 64))
         extra = socket.create_connection((address, port), timeout=10)
         extra.sendall(b"GET /api HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -3310,10 +3409,17 @@ class SlowClientTest(ServerCase):
 
     def test_a_cap_on_open_connections(self):
         self.server.max_connections, self.server.slot_wait = 3, 0.5
+        idle = [self.connect() for _ in range(5)]           # no head yet: no slot, no thread
         held = [self.connect() for _ in range(3)]
+        for sock in held:                                   # a thread each, reading a body
+            sock.sendall(b"POST /api/post HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 9"
+                         b"\r\n\r\n")
         self.assertTrue(until(lambda: len(self.server.open_connections) == 3))
         extra = self.connect()
+        extra.sendall(b"GET /api HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         self.assertTrue(self.closed_within(extra, 2).startswith(b"HTTP/1.1 503"))
+        for sock in idle:
+            sock.close()
         for sock in held:
             sock.close()
         self.assertTrue(until(lambda: not self.server.open_connections))
@@ -3497,25 +3603,6 @@ class HangUpTest(ServerCase):
         self.token = self.join("bob")
         agora.call(self.store, "brief", {}, agora.Caller("bob", True))
 
-    def test_the_rest_of_an_answer_that_cannot_be_written_is_taken_back(self):
-        # What the parker could not write at once, a thread writes; should the client not
-        # take it, what the answer handed over comes again (nothing is lost).
-        taken, line = [], agora.Line()
-        line.on_lost(lambda: taken.append("taken back"))
-
-        class Gone:
-            close_connection, parked = False, None
-
-            def write(self, data):
-                raise BrokenPipeError("the client hung up")
-
-            def handle_one_request(self):
-                raise AssertionError("served on after the answer failed")
-        gone = Gone()
-        agora.RequestHandler.serve_on(gone, b"the rest of the answer", line)
-        self.assertEqual(taken, ["taken back"])
-        self.assertTrue(gone.close_connection)
-
     def hang_up_then_post(self, path, body, pause):
         """Send BODY to PATH as bob, close the connection while it waits, wait PAUSE
         seconds, post bob a message, and let the long-poll finish; answer the message's id."""
@@ -3582,6 +3669,161 @@ class HangUpTest(ServerCase):
         self.assertEqual(stdio.returncode, 0, stdio.stderr)
         got = agora.call(self.store, "read", {}, agora.Caller("bob", True)).body
         self.assertEqual([m["id"] for m in got["messages"]], [posted])
+
+
+class AnswerFailureTest(ServerCase):
+    """Each parked waiter's answer is its own unit: a log that cannot be written, a thread
+    that cannot start or a client that hangs up mid-answer fails nobody else."""
+
+    def setUp(self):
+        super().setUp()
+        handler_class, setup = self.server.RequestHandlerClass, agora.RequestHandler.setup
+
+        def small_window(handler):          # so that a big answer is not written at once
+            setup(handler)
+            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        handler_class.setup = small_window
+        self.addCleanup(delattr, handler_class, "setup")
+        self.posts = 0
+
+    def waiters(self, count, big=False):
+        """Park COUNT agents' read waits on sockets that read nothing yet (a small window
+        when BIG); answer their sockets."""
+        socks, first = [], len(self.store.query_one("SELECT group_concat(name) FROM agents")[0])
+        for i in range(first, first + count):
+            token = self.join(f"w{i}")
+            agora.call(self.store, "brief", {}, agora.Caller(f"w{i}", True))
+            sock = socket.socket()
+            if big:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", self.port))
+            sock.settimeout(20)
+            body = json.dumps({"wait": 20, "limit": 200}).encode()
+            sock.sendall(b"POST /api/read HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer "
+                         b"%s\r\nContent-Length: %d\r\n\r\n%s" % (self.port, token.encode(),
+                                                                  len(body), body))
+            socks.append(sock)
+            self.addCleanup(sock.close)
+        self.assertTrue(when_parked(self.server, count).wait(10))
+        return socks
+
+    def answer_of(self, sock):
+        """Read one answer off SOCK; answer its JSON."""
+        reader = sock.makefile("rb")
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            head += reader.readline()
+        length = int(re.search(rb"Content-Length: (\d+)", head)[1])
+        return json.loads(reader.read(length))
+
+    def post_to_all(self, count=1, size=10):
+        """Post COUNT public messages of SIZE characters in one commit; answer their ids."""
+        self.posts += count
+        with self.store.transaction(write=True):
+            return [agora.call(self.store, "post", {"body": f"{self.posts} {n} " + "x" * size},
+                               agora.Caller("poster", True)).body["id"] for n in range(count)]
+
+    def test_a_log_that_cannot_be_written_or_blocks_loses_no_answer(self):
+        class Full(io.StringIO):
+            def write(self, text):
+                raise OSError(28, "No space left on device")
+
+        class Blocked(io.StringIO):
+            def write(self, text):
+                threading.Event().wait(30)
+        for stream in (Full(), Blocked()):
+            with self.subTest(stream=type(stream).__name__):
+                with unittest.mock.patch.object(sys, "stderr", stream):
+                    self.server.log = agora.RequestLog(stream)
+                    self.server.quiet = False
+                    socks = self.waiters(4)
+                    posted = self.post_to_all()
+                    for sock in socks:
+                        self.assertEqual([m["id"] for m in self.answer_of(sock)["messages"]],
+                                         posted)
+                self.server.quiet = True
+
+    def test_no_thread_to_be_had_while_a_batch_is_answered_loses_nothing(self):
+        socks = self.waiters(4, big=True)
+        failing = unittest.mock.patch.object(threading.Thread, "start",
+                                             side_effect=RuntimeError("can't start new thread"))
+        with failing:
+            posted = self.post_to_all(count=20, size=16000)
+            time.sleep(0.5)
+        for sock in socks:
+            self.assertEqual([m["id"] for m in self.answer_of(sock)["messages"]], posted)
+
+    def test_no_thread_to_be_had_for_a_request_is_a_503_and_nothing_runs(self):
+        token, self.server.log = self.join("carol"), agora.RequestLog(io.StringIO())
+        with unittest.mock.patch.object(threading.Thread, "start",
+                                        side_effect=RuntimeError("can't start new thread")):
+            status = self.request("POST", "/api/post", {"body": "never"}, token)[0]
+        self.assertEqual(status, 503)
+        self.server.log.close()
+        self.assertIn("refused (503): can't start new thread", self.server.log.stream.getvalue())
+        self.assertEqual(self.request("GET", "/api/history?channel=public", token=token)[2][
+            "messages"], [])
+
+    def test_the_rest_of_an_answer_that_cannot_be_written_comes_again(self):
+        for moved_on in (False, True):
+            with self.subTest(moved_on=moved_on):
+                (sock,) = self.waiters(1, big=True)
+                name = next(iter(self.server.parker.waiters.values())).request.caller.name
+                posted = self.post_to_all(count=20, size=16000)
+                self.assertTrue(until(lambda: any(
+                    h.parked is agora.WRITING for h in self.server.parker.idle.values())))
+                if moved_on:                    # a second session reads what came since
+                    later = self.post_to_all(size=5)
+                    self.assertEqual([m["id"] for m in agora.call(
+                        self.store, "read", {}, agora.Caller(name, True)).body["messages"]],
+                        later)
+                sock.close()                    # unread: the client resets the connection
+                self.assertTrue(until(lambda: not self.server.parker.idle))
+                again = agora.call(self.store, "read", {"limit": 200},
+                                   agora.Caller(name, True)).body["messages"]
+                self.assertEqual([m["id"] for m in again], posted)
+
+
+class AdmissionTest(ServerCase):
+    """Every request a thread serves is admitted the same way, new or from the Parker: a
+    byte sent on an idle connection costs no thread, and no client crowds out another's
+    post."""
+
+    def test_idle_connections_sent_a_byte_each_take_no_thread_nor_slot(self):
+        self.server.max_connections = 8
+        token, poster = self.join("flood"), self.join("poster")
+        body = json.dumps({"wait": 1, "peek": True}).encode()
+        request = (b"POST /api/news HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer "
+                   b"%s\r\nContent-Length: %d\r\n\r\n%s" % (self.port, token.encode(),
+                                                            len(body), body))
+        socks = []
+        for _ in range(40):
+            sock = socket.create_connection(("127.0.0.1", self.port), timeout=20)
+            self.addCleanup(sock.close)
+            sock.sendall(request)
+            socks.append(sock)
+        for sock in socks:                      # answered; each idles in the parker
+            self.assertTrue(sock.recv(65536).startswith(b"HTTP/1.1 200"))
+        self.assertTrue(until(lambda: len(self.server.parker.idle) == 40))
+        threads = threading.active_count()
+        for sock in socks:
+            sock.sendall(b"P")
+        time.sleep(0.3)
+        self.assertEqual(len(self.server.parker.idle), 40)
+        self.assertEqual(len(self.server.open_connections), 0)
+        self.assertLessEqual(threading.active_count(), threads)
+        self.assertEqual(self.request("POST", "/api/post", {"body": "through"}, poster)[0], 200)
+        most = []
+        watching = threading.Thread(target=lambda: [
+            most.append(len(self.server.open_connections)) or time.sleep(0.001)
+            for _ in range(2000)], daemon=True)
+        watching.start()
+        for sock in socks:                      # the rest of each request: all are served
+            sock.sendall(request[1:])
+        for sock in socks:
+            self.assertTrue(sock.recv(65536).startswith(b"HTTP/1.1 200"))
+        watching.join()
+        self.assertLessEqual(max(most), 8)
 
 
 class CrowdTest(ServerCase):
