@@ -62,6 +62,7 @@ if __name__ == "__main__" and not (sys.flags.isolated or getattr(sys.flags, "saf
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import re
@@ -1086,11 +1087,12 @@ class Line:
     of this request (Parked) rather than block a thread on it; DEADLINE, once parked, is
     when the wait ends (a monotonic time) and SLOT that it holds one of its agent's
     long-polls, both kept across the runs of the operation that follow; WAITS, that the
-    request was a long-poll at all (its connection then idles parked too).
+    request was a long-poll at all (its connection then idles parked too). NOT_WAITED:
+    why a wait of this request is answered at once instead (None: it may wait).
     """
 
-    def __init__(self, open=None, parks=False):
-        self.open, self.parks = open, parks
+    def __init__(self, open=None, parks=False, not_waited=None):
+        self.open, self.parks, self.not_waited = open, parks, not_waited
         self.deadline, self.slot, self.undo = None, False, []
         self.waits = False          # the request is a long-poll (its caller waits in turn)
 
@@ -1126,14 +1128,23 @@ hold or a lease runs out (None: none)."""
 
 
 class Parked(BaseException):
-    """Raised out of a wait whose face parks it (Line.parks): the face keeps the request
-    and runs its operation again once WATCH says there is news, or the wait ends.
+    """Raised out of a wait whose face parks it (Line.parks): the face keeps RERUN and calls
+    it once WATCH says there is news, or the wait ends.
 
-    Not an Exception, so that no refusal or bug handler on its way out catches it."""
+    RERUN() runs the operation again, from its validated arguments (call() sets it), and
+    each layer of the face on the way out wraps it to make its own answer of what it
+    answers (wrap): so what is kept is only what running again needs, never the request's
+    body, and nothing is parsed again. Not an Exception, so that no refusal or bug
+    handler on its way out catches it."""
 
     def __init__(self, watch):
         super().__init__(watch)
-        self.watch = watch
+        self.watch, self.rerun = watch, None
+
+    def wrap(self, frame):
+        """Have RERUN answer FRAME(the rerun it had): a layer's answer of the one inside."""
+        inner = self.rerun
+        self.rerun = lambda: frame(inner)
 
 
 def news_came(store, watch):
@@ -1146,8 +1157,9 @@ def wait_for(store, caller, wait, now, attempt):
     """Run ATTEMPT until it finds something or WAIT seconds pass: every long-poll's loop.
 
     ATTEMPT(at) answers (what it found, None), or (None, the Watch of what would change
-    that), AT being the time it runs at. Answer (what was found or None, whether the
-    wait was capped: its agent had MAX_LONG_POLLS under way, so it answered at once).
+    that), AT being the time it runs at. Answer (what was found or None, why it answered
+    at once without waiting, or None: its agent had MAX_LONG_POLLS under way, or its
+    Line says why not).
     A caller that hung up while it waited gets None, nothing attempted: what it would
     have taken stays for the next read. Where the face parks waits (Line.parks), the
     first wait raises Parked instead of blocking this thread, and the face runs the
@@ -1164,14 +1176,16 @@ def wait_for(store, caller, wait, now, attempt):
         while True:
             at = now + int(time.monotonic() - started)
             if waited and not still_listening(caller):
-                return None, False
+                return None, None
             found, watch = attempt(at)
             if found is not None or not wait or time.monotonic() >= deadline:
-                return found, False
+                return found, None
+            if line is not None and line.not_waited:
+                return None, line.not_waited
             if not held:
                 held = store.long_poll_taken(caller.name)
                 if not held:
-                    return None, True
+                    return None, f"you have {MAX_LONG_POLLS} long-polls under way already"
             if line is not None and line.parks:
                 line.deadline, line.slot, parking = deadline, True, True
                 raise Parked(watch)
@@ -2583,11 +2597,10 @@ def op_post(store, caller, args, now):
                   f"posted #{message_id} to {channel}{asked}")
 
 
-def waited_text(wait, capped):
-    """Answer what a long-poll that found nothing says."""
-    if capped:
-        return (f"nothing new (not waited: you have {MAX_LONG_POLLS} long-polls under way "
-                "already)")
+def waited_text(wait, not_waited):
+    """Answer what a long-poll that found nothing says (NOT_WAITED: why it did not wait)."""
+    if not_waited:
+        return f"nothing new (not waited: {not_waited})"
     return f"nothing new after waiting {wait}s"
 
 
@@ -2725,7 +2738,7 @@ def op_read(store, caller, args, now):
                 return (messages, remaining, at), None
             return None, watch(db, at)
 
-    found, capped = wait_for(store, caller, args["wait"], now, attempt)
+    found, not_waited = wait_for(store, caller, args["wait"], now, attempt)
     messages, remaining, at = found or ([], NO_COUNTS, now)
     body = {"messages": messages, "remaining": remaining.total}
     if hold and messages:
@@ -2740,7 +2753,7 @@ def op_read(store, caller, args, now):
             lines.append(f"(held for {age(hold)}: ack upto={body['held']['upto']} when done, "
                          "or they come back)")
         if not messages:
-            lines.append(waited_text(args["wait"], capped) if args["wait"]
+            lines.append(waited_text(args["wait"], not_waited) if args["wait"]
                          else f"nothing new (read wait={MAX_WAIT} waits for mail)")
         return "\n".join(lines)
     return Result(body, text)
@@ -3848,14 +3861,23 @@ def call(store, name, args=None, caller=OPERATOR, now=None, hidden=False):
         if op is None:
             raise NotFound(f"no operation {str(name)!r:.60}", hint="ops lists them")
         admit(store, op, caller, now)
-        args = validate(op, {} if args is None else args)
-        writer = store.writer                   # read once: shutdown may clear it
-        try:
+        return run_checked(store, op, validate(op, {} if args is None else args), caller, now)
+
+
+def run_checked(store, op, args, caller, now):
+    """Run OP, its CALLER checked and its ARGS validated (call), on the writer thread if it
+    takes it; a wait parked is run again from here (Parked.rerun)."""
+    writer = store.writer                   # read once: shutdown may clear it
+    try:
+        with bugs_refused(store, op.name):
             if writer is not None and writer.takes(op, args):
                 return writer.run(op, args, caller, now)
             return perform(store, op, args, caller, now)
-        except OutcomeUnknown as unknown:       # one error may serve a turn of many writes
-            raise OutcomeUnknown(unknown.message, hint=op.retry) from None
+    except OutcomeUnknown as unknown:       # one error may serve a turn of many writes
+        raise OutcomeUnknown(unknown.message, hint=op.retry) from None
+    except Parked as parked:
+        parked.rerun = lambda: run_checked(store, op, args, caller, int(time.time()))
+        raise
 
 
 ###############################################################################
@@ -3919,6 +3941,19 @@ def rpc_error(message_id, code, message, data=None):
     return {"jsonrpc": "2.0", "id": message_id, "error": error}
 
 
+def rpc_answered(request_id, label, run):
+    """Answer the RpcReply of RUN(), the result of a parked wait run again (a bug: -32603)."""
+    try:
+        result = run()
+    except Parked as parked:
+        parked.wrap(functools.partial(rpc_answered, request_id, label))
+        raise
+    except Exception:
+        bug_refusal(label)
+        return RpcReply(500, rpc_error(request_id, -32603, "Internal error"), label)
+    return RpcReply(200, {"jsonrpc": "2.0", "id": request_id, "result": result}, label)
+
+
 class RpcEndpoint:
     """One JSON-RPC message in, one answer out: the envelope MCP and A2A share.
 
@@ -3943,6 +3978,9 @@ class RpcEndpoint:
                 return RpcReply(202, None, "notification")
             label = self.label(request)
             result = self.dispatch(request)
+        except Parked as parked:
+            parked.wrap(functools.partial(rpc_answered, request.id, label))
+            raise
         except Unauthorized as error:       # every face: the transport's 401
             return RpcReply(401, rpc_error(request.id, -32600, error.text), label)
         except RpcError as error:
@@ -4076,9 +4114,17 @@ def _mcp_tools_call(endpoint, params):
     if offered(name) is None:
         raise RpcError(-32602, f"Unknown tool: {str(name)[:60]}")
     arguments = params.get("arguments")
+    return tool_result(lambda: call(endpoint.store, name, {} if arguments is None
+                                    else arguments, endpoint.caller))
+
+
+def tool_result(run):
+    """Answer the tools/call result of RUN(): a refusal is a result the model reads."""
     try:
-        result = call(endpoint.store, name, {} if arguments is None else arguments,
-                      endpoint.caller)
+        result = run()
+    except Parked as parked:
+        parked.wrap(tool_result)
+        raise
     except Refusal as error:            # the model's to read; Unauthorized: the envelope's
         return {"content": [{"type": "text", "text": error.text}], "isError": True}
     return {"content": [{"type": "text", "text": result.text}],
@@ -4616,13 +4662,21 @@ def rest_face(server, request):
             raise HTTPFailure(400, f"the body is not valid JSON: {e}") from None
         if not isinstance(args, dict):
             raise HTTPFailure(400, "the body must be a JSON object of arguments")
+    return rest_answer(name, _wants_text(request.headers),
+                       lambda: call(server.store, name, args, request.caller))
+
+
+def rest_answer(name, text, run):
+    """Answer the HttpAnswer of operation NAME's RUN(), as its text when TEXT."""
     try:
-        answer = call(server.store, name, args, request.caller)
-        status = 200
+        answer, status = run(), 200
+    except Parked as parked:
+        parked.wrap(functools.partial(rest_answer, name, text))
+        raise
     except AgoraError as error:
         answer, status = error, error.status
     headers = _challenge(status)
-    if _wants_text(request.headers):        # only then is the text made
+    if text:                                # only then is the text made
         headers.append(("Content-Type", "text/plain; charset=utf-8"))
         return HttpAnswer(status, (answer.text + "\n").encode("utf-8", "replace"), headers, name)
     return HttpAnswer(status, json_bytes(answer.body), headers, name)
@@ -4630,12 +4684,23 @@ def rest_face(server, request):
 
 def mcp_face(server, request):
     """Answer one MCP message over Streamable HTTP (stateless: no sessions)."""
-    reply = McpEndpoint(server.store, request.caller, request.headers).answer(request.body)
+    endpoint = McpEndpoint(server.store, request.caller, request.headers)
+    return mcp_answer(_wants_event_stream(request.headers),
+                      lambda: endpoint.answer(request.body))
+
+
+def mcp_answer(event_stream, run):
+    """Answer the HttpAnswer of RUN()'s RpcReply, as one SSE event when EVENT_STREAM."""
+    try:
+        reply = run()
+    except Parked as parked:
+        parked.wrap(functools.partial(mcp_answer, event_stream))
+        raise
     headers = _challenge(reply.status)
     if reply.message is None:
         return HttpAnswer(reply.status, b"", headers, reply.label)
     payload = json_bytes(reply.message)
-    if _wants_event_stream(request.headers):
+    if event_stream:
         headers.append(("Content-Type", "text/event-stream"))
         payload = b"event: message\ndata: " + payload + b"\n\n"
     return HttpAnswer(reply.status, payload, headers, reply.label)
@@ -4738,6 +4803,7 @@ class Headers:
 
 IDLE = "idle"               # RequestHandler.parked: the Parker reads its next request's head
 WRITING = "writing"         # RequestHandler.parked: the Parker writes the rest of an answer
+PARKED_BODY_MOST = 4096     # bytes of a request whose wait parks; a bigger one does not wait
 HEAD_MOST = 65537 + 16384 + 4   # bytes a head may take (its line, its fields); past them a
                                 # thread reads it, and refuses it at once
 LOG_BACKLOG = 10000         # request log lines that may wait for a log that does not take them
@@ -4865,20 +4931,22 @@ class RequestLog:
 
 
 class Waiter:
-    """A parked wait: its connection's HANDLER, the REQUEST to run again, the WATCH of what
-    ends it, when its request began (STARTED: the longest waiting began first), and when
-    it ends unless news comes first (ENDS, a monotonic time)."""
+    """A parked wait: its connection's HANDLER, the ROUTE and CALLER of its request, what
+    runs it again (RERUN, Parked's), the WATCH of what ends it, when its request began
+    (STARTED: the longest waiting began first), and when it ends unless news comes first
+    (ENDS, a monotonic time). Nothing of the request's body is kept."""
 
-    __slots__ = ("handler", "request", "watch", "started", "reading", "ends")
+    __slots__ = ("handler", "route", "caller", "rerun", "watch", "started", "reading", "ends")
 
-    def __init__(self, handler, request, watch, started):
-        self.handler, self.request, self.watch, self.started = handler, request, watch, started
+    def __init__(self, handler, route, caller, parked, started):
+        self.handler, self.route, self.caller, self.started = handler, route, caller, started
+        self.rerun, self.watch = parked.rerun, parked.watch
         self.reading, self.ends = True, None
 
     @property
     def line(self):
         """Answer the request's Line: its deadline and long-poll slot."""
-        return self.request.caller.line
+        return self.caller.line
 
     @property
     def address(self):
@@ -5029,7 +5097,9 @@ class RequestHandler:
             self.check_origin()
             self.server.watch(self.connection, None)     # a face may wait (long polls)
             caller = bearer_caller(self.server.store, self.headers.get("Authorization"),
-                                   Line(self.client_listening, parks=True))
+                                   Line(self.client_listening, parks=True, not_waited=(
+                                       None if len(body) <= PARKED_BODY_MOST else
+                                       f"its request was over {PARKED_BODY_MOST} bytes")))
             request = HttpRequest(self.command, url.path, url.query, self.headers, body,
                                   caller, route)
         except HTTPFailure as failure:
@@ -5038,20 +5108,21 @@ class RequestHandler:
             answer = self.bug()
         else:
             try:
-                answer = self.run_face(request)
+                answer = self.run_face(lambda: route.face(self.server, request), caller)
             except Parked as parked:
-                self.parked = Waiter(self, request, parked.watch, started)
+                self.parked = Waiter(self, route, caller, parked, started)
+                self.headers = self.raw_requestline = None      # kept: nothing of the request
                 return
-        self.reply(answer, route, request, started)
+        self.reply(answer, route, request and request.caller, started)
         if request is not None and request.caller.line.waits and not self.close_connection:
             self.parked = IDLE          # between an agent's long-polls: a socket, no thread
 
-    def run_face(self, request):
-        """Answer what REQUEST's face says to it (a bug in it is its 500), or raise Parked
-        when the face waits; run again for a parked request when its news comes."""
-        request.caller.line.undo = []
+    def run_face(self, run, caller):
+        """Answer RUN()'s answer to CALLER's request (a bug in it is its 500), or raise
+        Parked when the face waits: a face's first run, or a parked wait's rerun."""
+        caller.line.undo = []
         try:
-            return request.route.face(self.server, request)
+            return run()
         except HTTPFailure as failure:
             return self.failed(failure)
         except Exception:
@@ -5074,13 +5145,13 @@ class RequestHandler:
         refusal = bug_refusal("a face")
         return HttpAnswer(refusal.status, json_bytes(refusal.body))
 
-    def reply(self, answer, route, request, started, at_once=False):
-        """Hand ANSWER to REQUEST's client and log it; answer what is left to write: with
+    def reply(self, answer, route, caller, started, at_once=False):
+        """Hand ANSWER to CALLER's client (None: none was known) and log it; answer what is left to write: with
         AT_ONCE (the Parker) only what the socket takes without waiting is written. What
         the answer hands over is taken back (Line.lost) when the client hung up before it
         or the write fails: a delivery is final once its answer is written whole (the
         Parker writes what it could not at once, and takes it back should that fail)."""
-        line = request.caller.line if request is not None else None
+        line = caller.line if caller is not None else None
         handed, left = True, b""
         try:
             if line is not None and line.undo and not line.listening():
@@ -5097,7 +5168,7 @@ class RequestHandler:
         if not self.server.quiet:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
             millis = (time.monotonic() - started) * 1000
-            agent = answer.agent or (request.caller.name if request else None) or "-"
+            agent = answer.agent or (caller.name if caller else None) or "-"
             what = re.sub(r"[^!-~]", "?", str(answer.what))[:80]     # one line, bounded
             gone = "" if handed else " (the client hung up: nothing handed over)"
             self.server.log.write(f"{stamp} {route.log if route else 'rest'} {agent} {what} "
@@ -5429,7 +5500,7 @@ class Parker:
                 self._remove(kept)
             if line.slot:
                 line.slot = False
-                self.store.long_poll_done(kept.request.caller.name)
+                self.store.long_poll_done(kept.caller.name)
         else:
             handler = kept
             line = handler.handing if handler.parked is WRITING else None
@@ -5565,8 +5636,7 @@ class Parker:
             return
         import selectors
         handler = waiter.handler
-        left = handler.reply(answer, waiter.request.route, waiter.request,
-                             waiter.started, at_once=True)
+        left = handler.reply(answer, waiter.route, waiter.caller, waiter.started, at_once=True)
         if left:
             handler.unwritten, handler.handing = memoryview(left), waiter.line
             self._hold(handler, WRITING, selectors.EVENT_WRITE, self.server.send_timeout)
@@ -5578,9 +5648,9 @@ class Parker:
     def _run_again(waiter):
         """Answer WAITER's HttpAnswer, or None when it parks again (its new Watch kept)."""
         try:
-            return waiter.handler.run_face(waiter.request)
+            return waiter.handler.run_face(waiter.rerun, waiter.caller)
         except Parked as parked:
-            waiter.watch = parked.watch
+            waiter.rerun, waiter.watch = parked.rerun, parked.watch
             return None
 
 

@@ -3768,7 +3768,7 @@ class AnswerFailureTest(ServerCase):
         for moved_on in (False, True):
             with self.subTest(moved_on=moved_on):
                 (sock,) = self.waiters(1, big=True)
-                name = next(iter(self.server.parker.waiters.values())).request.caller.name
+                name = next(iter(self.server.parker.waiters.values())).caller.name
                 posted = self.post_to_all(count=20, size=16000)
                 self.assertTrue(until(lambda: any(
                     h.parked is agora.WRITING for h in self.server.parker.idle.values())))
@@ -3782,6 +3782,57 @@ class AnswerFailureTest(ServerCase):
                 again = agora.call(self.store, "read", {"limit": 200},
                                    agora.Caller(name, True)).body["messages"]
                 self.assertEqual([m["id"] for m in again], posted)
+
+
+class ParkedMemoryTest(ServerCase):
+    """A parked wait keeps only what running it again needs, never its request's body, and
+    nothing is parsed when it runs again; a long-poll with a big body does not wait."""
+
+    def test_a_padded_parked_wait_keeps_no_body_and_parses_nothing_again(self):
+        import tracemalloc
+        tokens = [self.join(f"pad{i}") for i in range(40)]
+        for i in range(40):
+            agora.call(self.store, "brief", {}, agora.Caller(f"pad{i}", True))
+        call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                "params": {"name": "read", "arguments": {"wait": 20}}}
+        call["params"]["pad"] = "x" * (4000 - len(json.dumps(call)))
+        body = json.dumps(call).encode()
+        socks = []
+        tracemalloc.start()
+        self.addCleanup(tracemalloc.stop)
+        before = tracemalloc.take_snapshot()
+        for token in tokens:
+            sock = socket.create_connection(("127.0.0.1", self.port), timeout=20)
+            self.addCleanup(sock.close)
+            sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer "
+                         b"%s\r\nContent-Length: %d\r\n\r\n%s" % (self.port, token.encode(),
+                                                                  len(body), body))
+            socks.append(sock)
+        self.assertTrue(when_parked(self.server, 40).wait(10))
+        time.sleep(0.2)
+        grown = sum(stat.size_diff for stat in
+                    tracemalloc.take_snapshot().compare_to(before, "filename"))
+        tracemalloc.stop()
+        self.assertLess(grown / 40, 20000)
+        parsed = []
+        original = agora.parse_json
+        with unittest.mock.patch.object(agora, "parse_json",
+                                        lambda data: parsed.append(1) or original(data)):
+            agora.call(self.store, "post", {"body": "to all"}, agora.Caller("poster", True))
+            for sock in socks:
+                answer = sock.recv(65536)
+                self.assertIn(b'"id":7', answer)
+                self.assertIn(b"to all", answer)
+        self.assertEqual(parsed, [])
+
+    def test_a_long_poll_with_a_big_body_is_answered_at_once(self):
+        token = self.join("big")
+        started = time.monotonic()
+        status, _, body = self.request("POST", "/api/read", raw=b'{"wait": 20}' + b" " * 5000,
+                                       token=token, headers={"Accept": "text/plain"})
+        self.assertEqual(status, 200)
+        self.assertIn("not waited: its request was over 4096 bytes", body)
+        self.assertLess(time.monotonic() - started, 5)
 
 
 class AdmissionTest(ServerCase):
