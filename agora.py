@@ -491,36 +491,44 @@ def disk_full(path):
     return stat.f_bavail * stat.f_frsize < 64 * 1024
 
 
-def no_space(path, error):
-    """Answer the StoreError for a disk with no space left, which holds PATH."""
-    return StoreError(f"no space left on the disk holding {path} ({error})",
+def no_space(named, error):
+    """Answer the StoreError for a disk with no space left, which holds NAMED (the file)."""
+    return StoreError(f"no space left on the disk holding {named} ({error})",
                       hint="free some space: nothing is lost, and it works again then")
 
 
-def file_problem(path, error):
+REPAIR_HINT = "agora check --repair rebuilds it from the messages, tasks and notes"
+CORRUPT_VTAB = 267          # SQLite's SQLITE_CORRUPT_VTAB: a virtual table (FTS5) is damaged
+
+
+def file_problem(path, error, named=None):
     """Answer a StoreError for a fault of the database file at PATH (an sqlite3 ERROR), or
-    None for anything else. What SQLite calls an I/O error or a file it cannot open is
-    told by its cause when agora can find it: no descriptor left (a crowd of
-    connections), no space left on the disk (SQLite must create its -wal and -shm);
-    both pass by themselves once the cause is gone."""
+    None for anything else; NAMED is how the answer names the file (by default "the
+    database file PATH"; a server names no path to its remote callers). What SQLite calls
+    an I/O error or a file it cannot open is told by its cause when agora can find it:
+    no descriptor left (a crowd of connections), no space left on the disk (SQLite must
+    create its -wal and -shm); both pass by themselves once the cause is gone. A damaged
+    full-text index is told as such: check --repair rebuilds it."""
     if not isinstance(error, sqlite3.DatabaseError):
         return None
-    text = str(error).lower()
+    named, text = named or f"the database file {path}", str(error).lower()
+    if getattr(error, "sqlite_errorcode", None) == CORRUPT_VTAB or (
+            "vtable constructor failed" in text and "_fts" in text):
+        return StoreError("the search index is damaged", hint=REPAIR_HINT)
     if "unable to open" in text and descriptors_run_out():
-        return StoreError(f"too many open files: {path} (or a temporary file) could not be "
+        return StoreError(f"too many open files: {named} (or a temporary file) could not be "
                           f"opened ({error})",
                           hint="raise the limit (ulimit -n) or close connections")
     if ("disk i/o" in text or "unable to open" in text) and disk_full(path):
-        return no_space(path, error)
+        return no_space(named, error)
     if "unable to open" in text:
-        return StoreError(f"the database file {path} (or a temporary file beside it) could "
-                          f"not be opened ({error})",
-                          hint="check the folder's permissions, its free space and the "
-                               "open-files limit (ulimit -n)")
+        return StoreError(f"{named} (or a temporary file beside it) could not be opened "
+                          f"({error})", hint="check the folder's permissions, its free space "
+                                             "and the open-files limit (ulimit -n)")
     for needle, what, hint in FILE_PROBLEMS:
         if needle in text:      # SQLite's words for damage are not said till check agrees
             said = "" if hint == ON_SUSPECTED_DAMAGE else f" ({error})"
-            return StoreError(f"the database file {path} {what}{said}", hint=hint)
+            return StoreError(f"{named} {what}{said}", hint=hint)
     return None
 
 
@@ -681,8 +689,9 @@ class Store:
         # Writers of this process queue here: SQLite's busy handler would make
         # them sleep for milliseconds whenever another thread holds the lock.
         self.group_commit = GroupCommit(self._acquire, self._release, self._signal,
-                                        self._before_commit,
-                                        lambda error: file_problem(path, error))
+                                        self._before_commit, self.problem)
+        self.named = None           # how answers name the file (None: by its path)
+        self._index_verdict = (None, False)     # (marks, whether only the index is damaged)
         self._seen_due, self._seen_lock = {}, threading.Lock()
         self._seen_written = {}
         self._tokens, self._tokens_mark, self._tokens_looked = {}, None, float("-inf")
@@ -716,7 +725,7 @@ class Store:
             con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT,
                                   isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
-            raise file_problem(self.path, e) or StoreError(f"cannot open {self.path}: {e}") \
+            raise self.problem(e) or StoreError(f"cannot open {self.named or self.path}: {e}") \
                 from None
         try:
             con.row_factory = sqlite3.Row
@@ -724,9 +733,25 @@ class Store:
             con.execute("PRAGMA synchronous = FULL")
         except sqlite3.DatabaseError as e:
             con.close()
-            raise file_problem(self.path, e) or StoreError(f"cannot use {self.path}: {e}") \
+            raise self.problem(e) or StoreError(f"cannot use {self.named or self.path}: {e}") \
                 from None
         return con
+
+    def only_index_damaged(self, db):
+        """Answer whether, a full-text search having failed on DB, the file's pages read
+        whole (PRAGMA quick_check): then what is damaged is the index, which check --repair
+        rebuilds. Asked again only once the file has changed, so a search that fails again
+        costs no second look at every page."""
+        marks = self.marks()
+        if self._index_verdict[0] != marks:
+            self._index_verdict = (marks, db.execute("PRAGMA quick_check(1)").fetchone()[0]
+                                   == "ok")
+        return self._index_verdict[1]
+
+    def problem(self, error):
+        """Answer the StoreError a fault of this file (ERROR, an sqlite3 error) is told as, or
+        None for anything else (file_problem), naming the file as named says."""
+        return file_problem(self.path, error, self.named)
 
     def _migrate(self, con, fts):
         con.execute("BEGIN IMMEDIATE")
@@ -1415,19 +1440,26 @@ def perform(store, op, args, caller, now):
     return op.handler(store, caller, args, now)
 
 
+def fault_refusal(store, where, operation=None):
+    """Answer the refusal a caller is told of the unexpected exception being handled, which
+    happened in WHERE (in OPERATION, if any): a fault of STORE's file as Store.problem
+    tells it, anything else a bug, its traceback on stderr (bug_refusal). Every place
+    that turns an exception into an answer asks this one -- call, the writer, JSON-RPC
+    (MCP, A2A), the HTTP faces -- so every face says the same of the same fault."""
+    problem = store.problem(sys.exc_info()[1])
+    return problem if problem is not None else bug_refusal(where, operation)
+
+
 @contextlib.contextmanager
 def bugs_refused(store, name):
-    """Let AgoraErrors of operation NAME through; make an unexpected exception one: the
-    file's own problem said plainly, else an InternalError with the traceback on stderr."""
+    """Let AgoraErrors of operation NAME through; make an unexpected exception one
+    (fault_refusal)."""
     try:
         yield
     except AgoraError:
         raise
-    except Exception as error:
-        problem = file_problem(store.path, error)
-        if problem is not None:
-            raise problem from None
-        raise bug_refusal(name, operation=name) from None
+    except Exception:
+        raise fault_refusal(store, name, operation=name) from None
 
 
 class _Request:
@@ -1523,7 +1555,7 @@ class Writer:
             except sqlite3.Error as error:      # the turn could not begin (a locked file)
                 failure = self.store.group_commit.not_saved(error)
             except Exception:                   # a bug of the writer's own: said, and on
-                failure = bug_refusal("the writer")
+                failure = fault_refusal(self.store, "the writer")
             finally:
                 for request in turn:
                     if failure is not None:     # the turn's failure is every request's
@@ -3015,7 +3047,12 @@ def op_search(store, caller, args, now):
     hits = []
     with store.transaction() as db:
         for scope in scopes:
-            hits += SEARCHES[scope](db, caller.name, terms, args["limit"], store.fts, now)
+            try:
+                hits += SEARCHES[scope](db, caller.name, terms, args["limit"], store.fts, now)
+            except sqlite3.DatabaseError:
+                if not (store.fts and store.only_index_damaged(db)):
+                    raise
+                raise StoreError("the search index is damaged", hint=REPAIR_HINT) from None
     hits = sorted(hits, key=lambda hit: hit["rank"])[:args["limit"]]
     for hit in hits:
         del hit["rank"]         # an order among these hits, not a fact about one
@@ -3941,16 +3978,23 @@ def rpc_error(message_id, code, message, data=None):
     return {"jsonrpc": "2.0", "id": message_id, "error": error}
 
 
-def rpc_answered(request_id, label, run):
-    """Answer the RpcReply of RUN(), the result of a parked wait run again (a bug: -32603)."""
+def rpc_fault(store, request_id, label):
+    """Answer the RpcReply of the unexpected exception being handled (fault_refusal): -32603,
+    saying the file's fault as it is, and a bug as an internal error."""
+    refusal = fault_refusal(store, label)
+    said = "Internal error" if isinstance(refusal, InternalError) else refusal.text
+    return RpcReply(refusal.status, rpc_error(request_id, -32603, said), label)
+
+
+def rpc_answered(store, request_id, label, run):
+    """Answer the RpcReply of RUN(), the result of a parked wait run again."""
     try:
         result = run()
     except Parked as parked:
-        parked.wrap(functools.partial(rpc_answered, request_id, label))
+        parked.wrap(functools.partial(rpc_answered, store, request_id, label))
         raise
     except Exception:
-        bug_refusal(label)
-        return RpcReply(500, rpc_error(request_id, -32603, "Internal error"), label)
+        return rpc_fault(store, request_id, label)
     return RpcReply(200, {"jsonrpc": "2.0", "id": request_id, "result": result}, label)
 
 
@@ -3979,7 +4023,7 @@ class RpcEndpoint:
             label = self.label(request)
             result = self.dispatch(request)
         except Parked as parked:
-            parked.wrap(functools.partial(rpc_answered, request.id, label))
+            parked.wrap(functools.partial(rpc_answered, self.store, request.id, label))
             raise
         except Unauthorized as error:       # every face: the transport's 401
             return RpcReply(401, rpc_error(request.id, -32600, error.text), label)
@@ -3989,9 +4033,7 @@ class RpcEndpoint:
             return RpcReply(error.http_status, rpc_error(request_id, error.code, error.message,
                                                          data), label)
         except Exception:
-            refusal = bug_refusal(label)
-            return RpcReply(refusal.status, rpc_error(request.id if request else None, -32603,
-                                                      "Internal error"), label)
+            return rpc_fault(self.store, request.id if request else None, label)
         return RpcReply(200, {"jsonrpc": "2.0", "id": request.id, "result": result}, label)
 
     def precheck(self):
@@ -5105,7 +5147,7 @@ class RequestHandler:
         except HTTPFailure as failure:
             answer = self.failed(failure)
         except Exception:
-            answer = self.bug()
+            answer = self.fault()
         else:
             try:
                 answer = self.run_face(lambda: route.face(self.server, request), caller)
@@ -5126,7 +5168,7 @@ class RequestHandler:
         except HTTPFailure as failure:
             return self.failed(failure)
         except Exception:
-            return self.bug()
+            return self.fault()
 
     def failed(self, failure):
         """Answer the HttpAnswer of an HTTPFailure."""
@@ -5139,10 +5181,10 @@ class RequestHandler:
         return HttpAnswer(failure.status, (failure.message + "\n").encode("utf-8", "replace"),
                           headers)
 
-    @staticmethod
-    def bug():
-        """Answer a bug's 500, its traceback on stderr."""
-        refusal = bug_refusal("a face")
+    def fault(self):
+        """Answer the unexpected exception being handled (fault_refusal): the file's fault as
+        it is, a bug as a 500 with its traceback on stderr."""
+        refusal = fault_refusal(self.server.store, "a face")
         return HttpAnswer(refusal.status, json_bytes(refusal.body))
 
     def reply(self, answer, route, caller, started, at_once=False):
@@ -5925,6 +5967,7 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
                                          server.public_url)
     if store.writer is None:
         store.writer = Writer(store)
+    store.named = "the database file"       # its path is not for remote callers
     server.log = RequestLog(sys.stderr)
     server.parker = Parker(server, server.waiter_capacity())
     server.start_watchdog()
@@ -6654,6 +6697,25 @@ def _backup_command(options):
     return 0
 
 
+def _check_search_index(db, repair):
+    """Check the full-text indexes (PRAGMA integrity_check leaves FTS5 out before SQLite
+    3.44): a damaged one is refused, naming it, or with REPAIR rebuilt from its table."""
+    damaged = []
+    for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                               "sql LIKE 'CREATE VIRTUAL TABLE % USING fts5%' ORDER BY name"):
+        try:
+            db.execute(f"INSERT INTO {table} ({table}) VALUES ('integrity-check')")
+        except sqlite3.DatabaseError:
+            damaged.append(table)
+    if damaged and not repair:
+        raise StoreError(f"the search index is damaged ({', '.join(damaged)}); the rest of "
+                         "the file is whole", hint="agora check --repair rebuilds it")
+    for table in damaged:
+        db.execute(f"INSERT INTO {table} ({table}) VALUES ('rebuild')")
+        print(f"rebuilt {table}")
+    db.commit()
+
+
 def _check_command(options):
     """Check the file: SQLite's integrity check, its schema version, what it holds. Exit 1
     with SQLite's own words when it is damaged."""
@@ -6665,6 +6727,8 @@ def _check_command(options):
             with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT)) as db:
                 problems = [row[0] for row in db.execute("PRAGMA integrity_check(20)")]
                 version = db.execute("PRAGMA user_version").fetchone()[0]
+                if problems == ["ok"]:
+                    _check_search_index(db, options.repair)
                 summary = file_summary(db) if problems == ["ok"] else ""
             break
         except sqlite3.DatabaseError as error:
@@ -7444,6 +7508,9 @@ def _build_parser(command=None, argv=()):
         guard_parser.set_defaults(paths_after_dashes="--" in argv)
     if "ops" in built:
         built["ops"].add_argument("--markdown", action="store_true", help="as README's table")
+    if "check" in built:
+        built["check"].add_argument("--repair", action="store_true",
+                                    help="rebuild a damaged search index")
     if "backup" in built:
         built["backup"].add_argument("path", metavar="PATH", help="the copy to write")
         built["backup"].add_argument("--force", action="store_true",

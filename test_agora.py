@@ -1461,6 +1461,32 @@ class SearchTest(StoreCase):
         self.assertEqual(len(self.ok("search", q="new")["hits"]), 1)
 
 
+class SearchIndexDamageTest(StoreCase):
+    """A damaged full-text index is told as such, and check finds and rebuilds it."""
+
+    def damage(self):
+        for n in range(30):
+            self.ok("post", body=f"hello world {n}")
+        with sqlite3.connect(self.db) as db:
+            db.execute("UPDATE messages_fts_data SET block = randomblob(length(block)) "
+                       "WHERE rowid > 10")
+
+    def test_search_says_the_index_is_damaged_and_check_repairs_it(self):
+        self.damage()
+        self.assertEqual(self.refused(500, "search", q="hello"), "the search index is damaged")
+        agora_py = [sys.executable, AGORA, "check", "--db", self.db]
+        checked = subprocess.run(agora_py, capture_output=True, text=True, timeout=60)
+        self.assertEqual(checked.returncode, 1, checked.stdout)
+        self.assertIn("the search index is damaged (messages_fts)", checked.stderr)
+        self.assertIn("--repair", checked.stderr)
+        repaired = subprocess.run(agora_py + ["--repair"], capture_output=True, text=True,
+                                  timeout=60)
+        self.assertEqual(repaired.returncode, 0, repaired.stderr)
+        self.assertIn("rebuilt messages_fts", repaired.stdout)
+        self.assertEqual(len(self.ok("search", q="hello", limit=50)["hits"]), 30)
+        self.assertEqual(subprocess.run(agora_py, capture_output=True, timeout=60).returncode, 0)
+
+
 class LikeSearchTest(SearchTest):
     """The same searches where SQLite has no FTS5: the LIKE fallback."""
 
@@ -4531,6 +4557,22 @@ class A2ACase(ServerCase):
 
 
 class A2ATest(A2ACase):
+
+    def test_a_full_disk_under_send_message_is_said_as_such_not_as_a_bug(self):
+        with sqlite3.connect(self.store.path) as db:    # A2A's own insert fails as on a full disk
+            db.execute("CREATE TRIGGER full BEFORE INSERT ON a2a_tasks BEGIN "
+                       "SELECT RAISE(FAIL, 'database or disk is full'); END")
+        bugs = io.StringIO()
+        with unittest.mock.patch.object(sys, "stderr", bugs):
+            status, _, body = self.a2a("SendMessage", {"message": {
+                "messageId": "m-full", "role": "ROLE_USER", "parts": [{"text": "full"}]}})
+        self.assertEqual(status, 500, body)
+        self.assertEqual(body["error"]["code"], -32603)
+        self.assertIn("the disk is full", body["error"]["message"])
+        self.assertIn("free some space", body["error"]["message"])
+        self.assertNotIn(self.store.path, body["error"]["message"])    # no path to a remote
+        self.assertNotIn("Traceback", bugs.getvalue())
+        self.assertEqual(self.worker("tasks")["tasks"], [])             # nothing half done
 
     def test_agent_card_serves_both_generations(self):
         status, response, card = self.request("GET", "/.well-known/agent-card.json")
