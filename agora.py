@@ -5063,23 +5063,21 @@ class RequestHandler:
         line = head_line(self.raw_requestline)
         self.requestline = (str(self.raw_requestline, "iso-8859-1").strip() if line is None
                             else line)          # refused below, shown as sent in the log
-        words = self.requestline.split()
-        if not words:
+        if not self.requestline:
             return False
-        if len(words) != 2:         # a refusal carries a status line, unless asked in 0.9
-            self.request_version = "HTTP/1.0"
+        self.request_version = "HTTP/1.0"       # a refusal carries a status line
         if line is None:
             return self.refused(400, "Bad request line: a bare CR or a NUL")
+        words = self.requestline.split(" ")     # method, target, version: single spaces
         version = re.fullmatch(r"HTTP/([0-9]{1,10})\.([0-9]{1,10})", words[-1])
-        if len(words) == 3 and not version:
-            return self.refused(400, f"Bad request version ({words[-1]!r})")
-        if len(words) not in (2, 3) or len(words) == 2 and words[0] != "GET":
+        if len(words) != 3 or not all(words):
             return self.refused(400, f"Bad request syntax ({self.requestline!r})")
-        if len(words) == 3:
-            if int(version[1]) >= 2:
-                return self.refused(505, f"Invalid HTTP version ({version[1]}.{version[2]})")
-            self.request_version = words[2]
-            self.close_connection = (int(version[1]), int(version[2])) < (1, 1)
+        if not version:
+            return self.refused(400, f"Bad request version ({words[-1]!r})")
+        if int(version[1]) >= 2:
+            return self.refused(505, f"Invalid HTTP version ({version[1]}.{version[2]})")
+        self.request_version = words[2]
+        self.close_connection = (int(version[1]), int(version[2])) < (1, 1)
         self.command = words[0]
         self.path = ("/" + words[1].lstrip("/") if words[1].startswith("//")
                      else words[1])             # //host would be read as absolute
@@ -5099,7 +5097,7 @@ class RequestHandler:
             name, colon, value = text.partition(":")
             if not colon or not HEADER_NAME.fullmatch(name):
                 return self.refused(400, f"Bad header line ({text[:60]!r})")
-            fields.append((name, value.strip()))
+            fields.append((name, value.strip(" \t")))     # HTTP's white space, no other
         self.headers = Headers(fields)
         if len(set(self.headers.get_all("Content-Length", []))) > 1:
             return self.refused(400, "Content-Length is given twice, differently")
@@ -5223,7 +5221,7 @@ class RequestHandler:
         """Answer the request body, refusing one over the limit without reading it."""
         if self.headers.get("Transfer-Encoding"):
             raise HTTPFailure(411, "send the body with a Content-Length", close=True)
-        text = self.headers.get("Content-Length", "0").strip() or "0"
+        text = self.headers.get("Content-Length", "0") or "0"
         if not re.fullmatch(r"[0-9]{1,19}", text):
             raise HTTPFailure(400, "Content-Length is not a number", close=True)
         length = int(text)
@@ -6197,15 +6195,21 @@ def bridge_answer(url, token, channel=False):
     return forward
 
 
+def agora_folder(*parts, create=True):
+    """Answer ~/.agora, or the folder PARTS name inside it; when CREATE, each one agora makes
+    is made private (0700), whatever the umask: it holds everyone's mail, the bytecode
+    agora runs and the wake locks."""
+    path = os.path.join(os.path.expanduser("~"), ".agora")
+    for part in ("",) + parts:
+        path = os.path.join(path, part) if part else path
+        if create:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
 def default_db_path(create=True):
     """Answer $AGORA_DB, else ~/.agora/agora.db (creating its folder, when CREATE)."""
-    path = os.environ.get("AGORA_DB")
-    if path:
-        return path
-    folder = os.path.join(os.path.expanduser("~"), ".agora")
-    if create:
-        os.makedirs(folder, mode=0o700, exist_ok=True)  # private: it holds everyone's mail
-    return os.path.join(folder, "agora.db")
+    return os.environ.get("AGORA_DB") or os.path.join(agora_folder(create=create), "agora.db")
 
 
 class AgentLink:
@@ -6514,10 +6518,8 @@ def private_cache():
     """Answer the folder of agora's bytecode cache, made private (0700) when it was not
     there; None when it cannot be made, or when it is not the user's alone (LAUNCHER's
     own test): a cache another user can write would let them choose the code that runs."""
-    folder = os.path.expanduser(BYTECODE_CACHE)
     try:
-        os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)     # ~/.agora
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        folder = agora_folder(os.path.basename(BYTECODE_CACHE))
         found = os.stat(folder)
     except OSError:
         return None
@@ -6907,7 +6909,7 @@ def wake_lock_path(key):
     """Answer the file whose lock says a wake runs for KEY (an AgentLink's key): in a
     folder of the user's own, not a shared temp folder another user could plant it in."""
     import hashlib
-    return os.path.join(os.path.expanduser("~"), ".agora", "wake",
+    return os.path.join(agora_folder("wake", create=False),
                         hashlib.sha256(key.encode()).hexdigest()[:16] + ".lock")
 
 
@@ -6917,8 +6919,8 @@ def _wake_lock(key):
         import fcntl
     except ImportError:                 # no flock here: every waiter runs
         return contextlib.nullcontext()
+    agora_folder("wake")
     path = wake_lock_path(key)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
                                0o600), "r+b")
     try:

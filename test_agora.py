@@ -3081,9 +3081,11 @@ class FilesAgoraWritesTest(unittest.TestCase):
         os.makedirs(fresh)
         subprocess.run([sys.executable, AGORA, "hook", "wake", "--as", "bob", "--db", self.db,
                         "--timeout", "1"], capture_output=True, timeout=30,
-                       env=dict(os.environ, HOME=fresh, CLAUDE_CODE_ENTRYPOINT="cli"))
+                       env=dict(os.environ, HOME=fresh, CLAUDE_CODE_ENTRYPOINT="cli"),
+                       preexec_fn=lambda: os.umask(0o002))       # a umask that shares
         lock = lock.replace(self.dir, fresh)
         self.assertEqual(os.stat(os.path.dirname(lock)).st_mode & 0o777, 0o700)
+        self.assertEqual(os.stat(os.path.join(fresh, ".agora")).st_mode & 0o777, 0o700)
         self.assertEqual(os.stat(lock).st_mode & 0o777, 0o600)
 
 
@@ -3192,6 +3194,17 @@ class ServeBoundsTest(unittest.TestCase):
 
 class RestTest(ServerCase):
     """REST end to end: every path a client takes, and what it is refused."""
+
+    def test_a_full_disk_is_told_without_the_files_path(self):
+        with sqlite3.connect(self.store.path) as db:        # a post fails as on a full disk
+            db.execute("CREATE TRIGGER full BEFORE INSERT ON messages BEGIN "
+                       "SELECT RAISE(FAIL, 'database or disk is full'); END")
+        status, _, body = self.request("POST", "/api/post", {"body": "x"}, self.join("ann"))
+        self.assertEqual(status, 500)
+        self.assertTrue(body["error"].startswith("the database file cannot grow: the disk is "
+                                                 "full"), body)
+        self.assertEqual(body["hint"], "free some space")
+        self.assertNotIn(self.dir, json.dumps(body))
 
     def test_a_request_after_the_server_closes_gets_503_and_the_connection_ends(self):
         token = self.join("alice")
@@ -3614,6 +3627,16 @@ class HeadTest(unittest.TestCase):
             (b"GET /nowhere HTTP/1.1\r\n" + host + b"\r\n", 404),
             (b"GET /api/post HTTP/1.1\r\n" + host + b"\r\n", 405),
             (b"BREW /api HTTP/1.1\r\n" + host + b"\r\n", 501),
+            (b"GET  /api HTTP/1.1\r\n" + host + b"\r\n", 400),     # two spaces
+            (b"GET /api\tHTTP/1.1\r\n" + host + b"\r\n", 400),     # a tab for a space
+            (b"GET /api HTTP/1.1\x0b\r\n" + host + b"\r\n", 400),  # VT is no white space
+            (b"GET /api\r\n\r\n", 400),                             # HTTP/0.9
+            (post + b"Content-Length:\t2\t\r\n\r\n{}", 401),        # HTAB around: fine
+            (post + b"Content-Length: \x0b2\r\n\r\n{}", 400),        # VT, FF, 0x1c-0x1f,
+            (post + b"Content-Length: 2\x0c\r\n\r\n{}", 400),        # NEL and NBSP are
+            (post + b"Content-Length: \x1c2\r\n\r\n{}", 400),        # not HTTP's white
+            (post + b"Content-Length: 2\x85\r\n\r\n{}", 400),        # space
+            (post + b"Content-Length: \xa02\r\n\r\n{}", 400),
         ]
         for head, status in rows:
             with self.subTest(head=head):
