@@ -61,6 +61,7 @@ if __name__ == "__main__" and not (sys.flags.isolated or getattr(sys.flags, "saf
     del sys.path[0]
 
 import contextlib
+import collections
 import errno
 import functools
 import json
@@ -4932,7 +4933,6 @@ class RequestLog:
     and how many is said once the log takes lines again."""
 
     def __init__(self, stream):
-        import collections
         self.stream, self.lines, self.dropped = stream, collections.deque(), 0
         self.ready, self.stopping = threading.Condition(), False
         self.thread = threading.Thread(target=self._run, name="agora-log", daemon=True)
@@ -4996,6 +4996,7 @@ class Waiter:
         return self.handler.client_address[0]
 
 
+@functools.lru_cache(maxsize=4096)      # asked at every admission and park
 def is_loopback(host):
     """Answer whether HOST names this machine only."""
     import ipaddress
@@ -5717,6 +5718,7 @@ class Server:
     max_per_address = 64        # of those from one client address, loopback aside
     slot_wait = 2.0             # seconds a request may wait for a slot while none is freed
     max_queued = 10000          # requests that may wait for a slot, then 503 at once
+    worker_idle = 5.0           # seconds a thread between connections waits for another
     max_waiters = 10000         # parked waits in all (fewer if descriptors are short)
     quiet = False               # log no requests
     public_url = None           # the base URL clients reach, for the agent card
@@ -5739,6 +5741,8 @@ class Server:
         self.admitted = time.monotonic()    # when a request last took a slot
         self.watchdog_stop = threading.Event()
         self.parker = self.log = None
+        self.workers = threading.Condition()    # threads between connections, and what
+        self.idle_workers, self.handed = 0, collections.deque()     # is handed to them
         super().__init__(address, handler)
 
     def waiter_capacity(self):
@@ -5865,15 +5869,34 @@ class Server:
         self.admitted = time.monotonic()
 
     def _start(self, handler):
-        """Serve HANDLER's connection, admitted, on a new thread; with no thread to be had
-        (a pids limit), refuse its request, which did not run."""
+        """Serve HANDLER's connection, admitted, on a thread: one that is idle, else a new
+        one (starting a thread makes the starter wait for it: a herd admitted through new
+        threads alone would keep the Parker doing little else). With no thread to be had
+        (a pids limit) its request, which did not run, is refused."""
         handler.connection.setblocking(True)
         self.watch(handler.connection, self.request_timeout)
+        with self.workers:
+            if len(self.handed) < self.idle_workers:
+                self.handed.append(handler)
+                self.workers.notify()
+                return
         try:
-            threading.Thread(target=self._serve, args=(handler,), daemon=True).start()
+            threading.Thread(target=self._work, args=(handler,), daemon=True).start()
         except RuntimeError as error:
             self.log.write(f"agora: a request was refused (503): {error}\n")
             self._refuse(handler)
+
+    def _work(self, handler):
+        """Serve connections on this thread, HANDLER's first, then each one handed to it,
+        until none comes for worker_idle seconds."""
+        while handler is not None:
+            self._serve(handler)
+            with self.workers:
+                self.idle_workers += 1
+                if not self.handed:
+                    self.workers.wait(self.worker_idle)
+                self.idle_workers -= 1
+                handler = self.handed.popleft() if self.handed else None
 
     def _serve(self, handler):
         """Serve one connection on this thread until it closes or the Parker is to keep it."""

@@ -3803,7 +3803,9 @@ class AnswerFailureTest(ServerCase):
             self.assertEqual([m["id"] for m in self.answer_of(sock)["messages"]], posted)
 
     def test_no_thread_to_be_had_for_a_request_is_a_503_and_nothing_runs(self):
+        self.server.worker_idle = 0         # no thread waits for the next connection
         token, self.server.log = self.join("carol"), agora.RequestLog(io.StringIO())
+        self.assertTrue(until(lambda: self.server.idle_workers == 0))
         with unittest.mock.patch.object(threading.Thread, "start",
                                         side_effect=RuntimeError("can't start new thread")):
             status = self.request("POST", "/api/post", {"body": "never"}, token)[0]

@@ -476,6 +476,129 @@ def crowd_of_waiters(work, agents=2000):
     check("waiters: no traceback in the server logs", "Traceback" not in log, log[-300:])
 
 
+def threads_of(process):
+    """Answer how many threads PROCESS runs now (Linux's /proc)."""
+    with open(f"/proc/{process.pid}/status") as status:
+        return int(next(line for line in status if line.startswith("Threads:")).split()[1])
+
+
+def admission_flood(work, count=600):
+    """One agent's token holder leaves COUNT connections idle in the parker (each after a
+    long-poll), then sends one byte on each, from loopback and from an address that is not:
+    no byte costs a thread or a slot, another agent's post is answered 200 meanwhile, and
+    once the requests are whole every one is served, within the bounds."""
+    db = os.path.join(work, "flood.db")
+    try:
+        addresses = ["127.0.0.1", this_machines_address()]
+    except OSError:                     # no route off loopback: the loopback half only
+        addresses = ["127.0.0.1"]
+    extra = [] if len(addresses) == 1 else ["--addr", "0.0.0.0:0", "--open",
+                                            "--allow-host", addresses[1]]
+    server, port = serve(db, *extra, "--allow-host", "127.0.0.1")
+    flood, poster = mint_token(db, "flood"), mint_token(db, "poster")
+    body = b'{"wait": 1, "peek": true}'
+    for address in addresses:
+        head = (f"POST /api/news HTTP/1.1\r\nHost: {address}:{port}\r\nAuthorization: Bearer "
+                f"{flood}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+        socks = [socket.create_connection((address, port), timeout=30) for _ in range(count)]
+        for sock in socks:
+            sock.sendall(head)
+        answered = sum(sock.recv(65536).startswith(b"HTTP/1.1 200") for sock in socks)
+        before = threads_of(server)
+        for sock in socks:
+            sock.sendall(head[:1])
+        time.sleep(1)
+        during = threads_of(server)
+        status, _ = request(port, "POST", "/api/post", {"body": f"through from {address}"},
+                            poster)
+        for sock in socks:
+            sock.sendall(head[1:])
+        served = 0
+        for sock in socks:
+            sock.settimeout(30)
+            served += sock.recv(65536).startswith(b"HTTP/1.1 200")
+            sock.close()
+        where = "loopback" if address == "127.0.0.1" else "another address"
+        check(f"admission flood ({where}): {count} idle parked connections sent a byte each "
+              f"-> {during - before:+d} server threads, another agent's post {status}, then "
+              f"{served} of {count} whole requests served",
+              answered == count and during - before <= 2 and status == 200 and served == count,
+              f"{answered} first answers, threads {before} -> {during}")
+    log = stop_server(server)
+    check("admission flood: no traceback in the server log", "Traceback" not in log, log[-300:])
+
+
+def failing_log(work):
+    """A server whose log cannot be written (stderr on a full disk, or a pipe whose reader
+    left, as `agora serve 2>&1 | head` after head is done) answers every waiter of a batch,
+    batch after batch: a log line never costs a message."""
+    for name, stderr in (("a full disk", "/dev/full"), ("a pipe nobody reads", None)):
+        db = os.path.join(work, f"log-{len(name)}.db")
+        reader, writer = os.pipe()
+        if stderr is None:
+            os.close(reader)            # the reader is gone: every write is a broken pipe
+            log = writer
+        else:
+            os.close(reader)
+            os.close(writer)
+            log = os.open(stderr, os.O_WRONLY)
+        server = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
+                                   "--db", db], stdout=subprocess.PIPE, stderr=log, text=True)
+        os.close(log)
+        STARTED.append(server)
+        port = int(server.stdout.readline().split(" listening on ")[1].split(" ")[0]
+                   .rsplit(":", 1)[1])
+        tokens = join_many(port, [f"w{i}" for i in range(4)])
+        poster = mint_token(db, "poster")
+        got = []
+        for batch in range(3):
+            crowd = Crowd(port, tokens)
+            time.sleep(0.5)
+            _, posted = request(port, "POST", "/api/post", {"body": f"batch {batch}"}, poster)
+            got += [[m["id"] for m in body["messages"]] == [posted["id"]]
+                    for _, code, body in crowd.gather(10) if code == 200 and body]
+            crowd.close()
+        server.terminate()
+        server.communicate(timeout=10)
+        check(f"failing log ({name}): 3 batches of 4 waiters, {sum(got)} of 12 got their "
+              "message", sum(got) == 12, str(got))
+
+
+def herd(work, agents=10000):
+    """Every agent reconnects at once, as after a server restart: AGENTS read wait=60 opened
+    together are queued and parked, none refused; one public post then reaches them all."""
+    db = os.path.join(work, "herd.db")
+    store = agora.Store(db)
+    with store.transaction(write=True):         # the agents, in one commit
+        tokens = [agora.call(store, "join", {"name": f"h{i}"}).body["token"]
+                  for i in range(agents)]
+    store.close()
+    server, url = start_server(db, nofile=1024)
+    STARTED.append(server)
+    port = int(url.rsplit(":", 1)[1])
+    poster = mint_token(db, "poster")
+    began = time.monotonic()
+    crowd = Crowd(port, tokens)
+    opened = time.monotonic() - began
+    time.sleep(5)                       # the queue drains into the parker meanwhile
+    early = crowd.answered()
+    began = time.monotonic()
+    status, posted = request(port, "POST", "/api/post", {"body": "to the herd"}, poster)
+    answers = crowd.gather(30, since=began)
+    crowd.close()
+    log = stop_server(server)
+    exact = sum(1 for _, code, body in answers
+                if code == 200 and body and [m["id"] for m in body["messages"]] == [posted["id"]])
+    refused = sum(1 for _, code, _ in answers if code == 503)
+    last = answers[-1][0] if answers else float("inf")
+    check(f"herd: {agents} read wait=60 opened at once (in {opened:.1f} s), {early} answered "
+          "or refused before the post", early == 0, str(early))
+    check(f"herd: one public post reached {exact} of {agents}, {refused} refused, the last "
+          f"in {last:.2f} s", exact == agents and refused == 0,
+          f"{len(answers)} answers, statuses {sorted(set(a[1] for a in answers))}")
+    check("herd: no traceback in the server log", "Traceback" not in log, log[-300:])
+
+
 LAYERS, WIDTH = 60, 50      # a plan of 3,000 tasks, each waiting for the whole layer above
 
 PLANNER = """
@@ -586,7 +709,8 @@ def main():
     began = time.monotonic()
     try:
         for run in (claim_races, inbox_drains, kill_nine, fuzz_http, slow_clients, crowds,
-                    crowd_of_waiters, plan_flood, reserve_flood):
+                    crowd_of_waiters, admission_flood, failing_log, herd, plan_flood,
+                    reserve_flood):
             run(work)
     finally:
         for process in STARTED:
