@@ -25,16 +25,20 @@ Run it::
 The database is ``--db PATH``, else ``$AGORA_DB``, else ``~/.agora/agora.db``.
 
 The file, top to bottom (each part builds on what comes before it, but for the
-Store's group commit, which the Runtime defines beside the other ways writes run;
-follow_up, which posts through call(); and the inert data, last):
+Store's group commit, which the Runtime defines beside the other ways writes run, and
+its Watcher, which Waiting defines; follow_up, which posts through call(); the Parker,
+which drives the HTTP handlers and admission it is given; and the inert data, last):
 
     Constants and schema   limits, name rules, the SQL schema and its migrations
     Errors                 AgoraError and its classes, each with its HTTP status; what
                            SQLite says of the file itself, told plainly (file_problem)
     JSON on the wire       strict parsing, compact encoding
     Store                  the SQLite file: pooled connections, transactions, changes
-    Runtime                how an operation runs: the caller and its Line, long-polls
-                           (wait_for), the group commit, perform, the writer thread
+    Runtime                how an operation runs: the caller, the group commit, perform,
+                           the writer thread
+    Waiting                one wait traced; the Line and long-polls (wait_for), the
+                           file's Watcher, who hears a message, the Parker (waits,
+                           heads and answers without a thread)
     Operation catalog      Operation and the argument rules; each domain's rules
                            (text for a model, when time runs out, messages, tasks,
                            news, notes, reservations); the handlers (agents,
@@ -42,7 +46,7 @@ follow_up, which posts through call(); and the inert data, last):
     Dispatch               validation from the schema, identity, call()
     JSON-RPC, MCP, A2A     the envelope the two share, and each protocol over call()
     HTTP                   the faces (REST, MCP, A2A, the card, the page), framing,
-                           the parker (waiting requests without a thread), the server
+                           the request log, the server and its admission
     stdio, Remote          MCP on stdin/stdout; the CLI and the bridge to a server
     Command line           the launcher every written command runs, and install;
                            backup and check; waking (hooks, wait, the channel);
@@ -682,14 +686,10 @@ class Store:
         self.join_key = join_key
         self._pool = []
         self._pool_lock = threading.Lock()
-        self._changed = threading.Condition()
-        self._generation = 0
-        self._marks = (None, None)      # (generation, marks()) as last read
-        self._waiting, self._watching, self._listeners = 0, False, []
-        self._long_polls, self._long_polls_lock = {}, threading.Lock()
+        self.watcher = Watcher(self)    # who waits on the file, and what wakes them
         # Writers of this process queue here: SQLite's busy handler would make
         # them sleep for milliseconds whenever another thread holds the lock.
-        self.group_commit = GroupCommit(self._acquire, self._release, self._signal,
+        self.group_commit = GroupCommit(self._acquire, self._release, self.watcher.signal,
                                         self._before_commit, self.problem)
         self.named = None           # how answers name the file (None: by its path)
         self._index_verdict = (None, False)     # (marks, whether only the index is damaged)
@@ -743,7 +743,7 @@ class Store:
         whole (PRAGMA quick_check): then what is damaged is the index, which check --repair
         rebuilds. Asked again only once the file has changed, so a search that fails again
         costs no second look at every page."""
-        marks = self.marks()
+        marks = self.watcher.marks()
         if self._index_verdict[0] != marks:
             self._index_verdict = (marks, db.execute("PRAGMA quick_check(1)").fetchone()[0]
                                    == "ok")
@@ -813,14 +813,6 @@ class Store:
                 return
         con.close()
 
-    def _signal(self):
-        with self._changed:
-            self._generation += 1
-            self._changed.notify_all()
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener()
-
     @contextlib.contextmanager
     def transaction(self, write=False):
         """Yield a connection inside one transaction; an IMMEDIATE one when WRITE.
@@ -867,102 +859,6 @@ class Store:
         """Answer the first row of one read-only statement."""
         with self.autocommit() as con:
             return con.execute(sql, params).fetchone()
-
-    def marks(self):
-        """Answer (the newest message id, the newest ready sequence) of the file: what a
-        waiter watches. Read once per change, however many wait."""
-        with self._changed:
-            generation = self._generation
-        seen, marks = self._marks
-        if seen != generation:
-            marks = tuple(self.query_one(MARKS))
-            self._marks = (generation, marks)
-        return marks
-
-    def wait(self, ready, timeout):
-        """Block until READY() is true or TIMEOUT seconds pass; answer whether it was.
-
-        READY is asked again only when the file changed: a write from this process
-        says so at once, and one watcher thread (while anyone waits) notices
-        another process's commit within WAIT_POLL seconds, so an idle waiter costs
-        nothing.
-        """
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            self._waiting += 1
-            self._start_watching()
-        try:
-            while True:
-                with self._changed:
-                    generation = self._generation
-                if ready():
-                    return True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                with self._changed:
-                    if generation == self._generation:
-                        self._changed.wait(left)
-        finally:
-            with self._changed:
-                self._waiting -= 1
-
-    def listen(self, listener, on=True):
-        """Call LISTENER() whenever the file changes, until called again with ON false: at
-        once for a commit of this process (on the committing thread), within WAIT_POLL
-        seconds for another's (on the watcher thread)."""
-        with self._changed:
-            if on:
-                self._listeners.append(listener)
-                self._start_watching()
-            else:
-                self._listeners.remove(listener)
-
-    def _start_watching(self):
-        """Start the watcher thread unless it runs (self._changed held)."""
-        if not self._watching:
-            self._watching = True
-            threading.Thread(target=self._watch, name="agora-watcher", daemon=True).start()
-
-    def _watch(self):
-        """Signal the waiters when another connection commits to the file; stop when
-        nobody waits or listens. SQLite's data_version changes with each such commit."""
-        con = None
-        try:
-            con = self.connect()
-            version = con.execute("PRAGMA data_version").fetchone()[0]
-            while True:
-                time.sleep(WAIT_POLL)
-                with self._changed:
-                    if not (self._waiting or self._listeners) or self._closed:
-                        self._watching = False
-                        return
-                now = con.execute("PRAGMA data_version").fetchone()[0]
-                if now != version:
-                    version = now
-                    self._signal()
-        except (AgoraError, sqlite3.Error):
-            with self._changed:
-                self._watching = False      # the next waiter starts another
-            self._signal()
-        finally:
-            if con is not None:
-                con.close()
-
-    def long_poll_taken(self, name):
-        """Take one of agent NAME's long-polls and answer True, or answer False when it has
-        MAX_LONG_POLLS under way in this process already (so no agent waits without bound);
-        a long-poll taken is given back with long_poll_done."""
-        with self._long_polls_lock:
-            taken = self._long_polls.get(name, 0) < MAX_LONG_POLLS
-            if taken:
-                self._long_polls[name] = self._long_polls.get(name, 0) + 1
-        return taken
-
-    def long_poll_done(self, name):
-        """Give back one of agent NAME's long-polls."""
-        with self._long_polls_lock:
-            count_out(self._long_polls, name)
 
     def agent_for_token(self, token):
         """Answer the agent name that holds TOKEN, or None.
@@ -1067,6 +963,7 @@ class Store:
             with contextlib.suppress(AgoraError, sqlite3.Error):
                 with self.transaction(write=True):
                     pass                # the commit writes the seen times
+        self.watcher.closed = True
         with self._pool_lock:
             self._closed = True
             idle, self._pool = self._pool, []
@@ -1099,145 +996,6 @@ answers over a connection it can lose, is that request's Line.
 # Whoever runs agora on its file without naming an agent: it may only join (and rotate
 # any agent's token).
 OPERATOR = Caller(None, True)
-
-
-class Line:
-    """One request's way back to its caller, as its face keeps it (Caller.line).
-
-    A delivery is final only once its answer is handed over. OPEN() answers whether the
-    caller can still take an answer (HTTP: its client has not closed the connection;
-    stdio: its input has not ended; None: it always can). An operation that hands
-    something over for good (a read's messages, news told) says how to take it back
-    (on_lost), and the face calls lost() when the answer could not be handed over:
-    the caller hung up before it, or writing it failed. PARKS: the face parks a wait
-    of this request (Parked) rather than block a thread on it; DEADLINE, once parked, is
-    when the wait ends (a monotonic time) and SLOT that it holds one of its agent's
-    long-polls, both kept across the runs of the operation that follow; WAITS, that the
-    request was a long-poll at all (its connection then idles parked too). NOT_WAITED:
-    why a wait of this request is answered at once instead (None: it may wait).
-    """
-
-    def __init__(self, open=None, parks=False, not_waited=None):
-        self.open, self.parks, self.not_waited = open, parks, not_waited
-        self.deadline, self.slot, self.undo = None, False, []
-        self.waits = False          # the request is a long-poll (its caller waits in turn)
-
-    def listening(self):
-        """Answer whether the caller can still take an answer, as far as its face can tell."""
-        return self.open is None or self.open()
-
-    def on_lost(self, undo):
-        """Run UNDO() should this run's answer not be handed over."""
-        self.undo.append(undo)
-
-    def lost(self):
-        """Take back what this run handed over: its answer never reached the caller."""
-        undo, self.undo = self.undo, []
-        for step in undo:
-            try:
-                step()
-            except (AgoraError, sqlite3.Error) as error:
-                with contextlib.suppress(OSError, ValueError):  # a report must not fail
-                    sys.stderr.write(f"agora: an answer that was not handed over could not "
-                                     f"be taken back: {error}\n")
-
-
-def still_listening(caller):
-    """Answer whether CALLER can still take an answer (as far as its face can tell)."""
-    return caller.line is None or caller.line.listening()
-
-
-Watch = namedtuple("Watch", "agent newest ready until")
-Watch.__doc__ = """What ends a wait of AGENT: a message for it past id NEWEST; the ready
-sequence moving from READY (None: not watched); the time UNTIL (epoch seconds) when a
-hold or a lease runs out (None: none)."""
-
-
-class Parked(BaseException):
-    """Raised out of a wait whose face parks it (Line.parks): the face keeps RERUN and calls
-    it once WATCH says there is news, or the wait ends.
-
-    RERUN() runs the operation again, from its validated arguments (call() sets it), and
-    each layer of the face on the way out wraps it to make its own answer of what it
-    answers (wrap): so what is kept is only what running again needs, never the request's
-    body, and nothing is parsed again. Not an Exception, so that no refusal or bug
-    handler on its way out catches it."""
-
-    def __init__(self, watch):
-        super().__init__(watch)
-        self.watch, self.rerun = watch, None
-
-    def wrap(self, frame):
-        """Have RERUN answer FRAME(the rerun it had): a layer's answer of the one inside."""
-        inner = self.rerun
-        self.rerun = lambda: frame(inner)
-
-
-def news_came(store, watch):
-    """Answer whether what WATCH waits for has come, by the file's marks."""
-    newest, ready = store.marks()
-    return newest > watch.newest or watch.ready is not None and ready != watch.ready
-
-
-def wait_for(store, caller, wait, now, attempt):
-    """Run ATTEMPT until it finds something or WAIT seconds pass: every long-poll's loop.
-
-    ATTEMPT(at) answers (what it found, None), or (None, the Watch of what would change
-    that), AT being the time it runs at. Answer (what was found or None, why it answered
-    at once without waiting, or None: its agent had MAX_LONG_POLLS under way, or its
-    Line says why not).
-    A caller that hung up while it waited gets None, nothing attempted: what it would
-    have taken stays for the next read. Where the face parks waits (Line.parks), the
-    first wait raises Parked instead of blocking this thread, and the face runs the
-    operation again when the news comes or the wait ends; the deadline and the
-    long-poll taken are the Line's across those runs.
-    """
-    line, started = caller.line, time.monotonic()
-    if line is not None and wait:
-        line.waits = True
-    resumed = line is not None and line.deadline is not None
-    deadline = line.deadline if resumed else started + wait
-    held, parking, waited = resumed and line.slot, False, resumed
-    try:
-        while True:
-            at = now + int(time.monotonic() - started)
-            if waited and not still_listening(caller):
-                return None, None
-            found, watch = attempt(at)
-            if found is not None or not wait or time.monotonic() >= deadline:
-                return found, None
-            if line is not None and line.not_waited:
-                return None, line.not_waited
-            if not held:
-                held = store.long_poll_taken(caller.name)
-                if not held:
-                    return None, f"you have {MAX_LONG_POLLS} long-polls under way already"
-            if line is not None and line.parks:
-                line.deadline, line.slot, parking = deadline, True, True
-                raise Parked(watch)
-            left = deadline - time.monotonic()
-            if watch.until is not None:
-                left = min(left, watch.until - at)
-            store.wait(lambda: news_came(store, watch), left)
-            waited = True
-    finally:
-        if held and not parking:
-            store.long_poll_done(caller.name)
-            if line is not None:
-                line.slot = False
-
-
-def taken_back_if_lost(store, caller, take_back, *args):
-    """Have CALLER's Line run TAKE_BACK(db, *ARGS), in a write block of its own, should this
-    answer not be handed over: so a delivery (a cursor moved, news told) is final only
-    once its answer is written."""
-    if caller.line is None:
-        return
-
-    def undo():
-        with store.transaction(write=True) as db:
-            take_back(db, *args)
-    caller.line.on_lost(undo)
 
 
 # What a retry does after "may or may not have been saved" (OutcomeUnknown): each write's
@@ -1583,6 +1341,735 @@ class Writer:
 
 
 ###############################################################################
+# Waiting: long-polls, the watcher, the parker ################################
+###############################################################################
+
+# One wait, traced: `read wait=20` over REST.
+# 1. The Parker's thread reads the request's head without a thread (Incoming); once it
+#    is whole, Server.admit gives the connection a slot and a worker thread
+#    (Server._work), which reads the body and runs read through call(), the request's
+#    Line saying that its waits park. read's attempt looks for news in a read
+#    transaction and finds none; wait_for takes one of the agent's long-polls
+#    (Watcher.long_poll_taken) and raises Parked, carrying the Watch of what would end
+#    the wait (a message past an id, a hold that runs out) and what runs it again:
+#    call() makes that of the validated arguments, and each layer of the face wraps it
+#    on the way out. Nothing of the request's body is kept.
+# 2. The worker gives the connection to the Parker (a Waiter) and its slot back, and is
+#    free for another connection.
+# 3. The Parker's thread watches the socket: a client that hangs up (Line.listening, the
+#    one hang-up check) is let go (Parker._let_go), its long-poll given back.
+# 4. A commit of this process rings the Parker at once (Watcher.listen, on the committing
+#    thread); another process's commit, the watcher thread within WAIT_POLL. The Parker
+#    asks who hears the new messages (hearers) and runs those waits again, many in one
+#    write turn, and those whose time ran out (Parker._answer).
+# 5. A run that finds the message delivers it (the cursor moved, to be taken back should
+#    its answer not be written whole: taken_back_if_lost); the Parker writes each answer,
+#    one waiter at a time, as far as the socket takes it and the rest as it takes more.
+#    The connection then idles in the Parker until its next head is in, and is admitted
+#    again like a new one.
+# Threads: a worker runs a request's first run; the Parker's thread every run after it
+# and every write of a parked answer; the watcher only notices commits. stdio, the CLI
+# and A2A's blocking send have no Parker: their waits block their own thread
+# (Watcher.wait).
+
+class Line:
+    """One request's way back to its caller, as its face keeps it (Caller.line).
+
+    A delivery is final only once its answer is handed over. OPEN() answers whether the
+    caller can still take an answer (HTTP: its client has not closed the connection;
+    stdio: its input has not ended; None: it always can). An operation that hands
+    something over for good (a read's messages, news told) says how to take it back
+    (on_lost), and the face calls lost() when the answer could not be handed over:
+    the caller hung up before it, or writing it failed. PARKS: the face parks a wait
+    of this request (Parked) rather than block a thread on it; DEADLINE, once parked, is
+    when the wait ends (a monotonic time) and SLOT that it holds one of its agent's
+    long-polls, both kept across the runs of the operation that follow; WAITS, that the
+    request was a long-poll at all (its connection then idles parked too). NOT_WAITED:
+    why a wait of this request is answered at once instead (None: it may wait).
+    """
+
+    def __init__(self, open=None, parks=False, not_waited=None):
+        self.open, self.parks, self.not_waited = open, parks, not_waited
+        self.deadline, self.slot, self.undo = None, False, []
+        self.waits = False          # the request is a long-poll (its caller waits in turn)
+
+    def listening(self):
+        """Answer whether the caller can still take an answer, as far as its face can tell."""
+        return self.open is None or self.open()
+
+    def on_lost(self, undo):
+        """Run UNDO() should this run's answer not be handed over."""
+        self.undo.append(undo)
+
+    def lost(self):
+        """Take back what this run handed over: its answer never reached the caller."""
+        undo, self.undo = self.undo, []
+        for step in undo:
+            try:
+                step()
+            except (AgoraError, sqlite3.Error) as error:
+                with contextlib.suppress(OSError, ValueError):  # a report must not fail
+                    sys.stderr.write(f"agora: an answer that was not handed over could not "
+                                     f"be taken back: {error}\n")
+
+
+Watch = namedtuple("Watch", "agent newest ready until")
+Watch.__doc__ = """What ends a wait of AGENT: a message for it past id NEWEST; the ready
+sequence moving from READY (None: not watched); the time UNTIL (epoch seconds) when a
+hold or a lease runs out (None: none)."""
+
+
+class Parked(BaseException):
+    """Raised out of a wait whose face parks it (Line.parks): the face keeps RERUN and calls
+    it once WATCH says there is news, or the wait ends.
+
+    RERUN() runs the operation again, from its validated arguments (call() sets it), and
+    each layer of the face on the way out wraps it to make its own answer of what it
+    answers (wrap): so what is kept is only what running again needs, never the request's
+    body, and nothing is parsed again. Not an Exception, so that no refusal or bug
+    handler on its way out catches it."""
+
+    def __init__(self, watch):
+        super().__init__(watch)
+        self.watch, self.rerun = watch, None
+
+    def wrap(self, frame):
+        """Have RERUN answer FRAME(the rerun it had): a layer's answer of the one inside."""
+        inner = self.rerun
+        self.rerun = lambda: frame(inner)
+
+
+def news_came(store, watch):
+    """Answer whether what WATCH waits for has come, by the file's marks."""
+    newest, ready = store.watcher.marks()
+    return newest > watch.newest or watch.ready is not None and ready != watch.ready
+
+
+def wait_for(store, caller, wait, now, attempt):
+    """Run ATTEMPT until it finds something or WAIT seconds pass: every long-poll's loop.
+
+    ATTEMPT(at) answers (what it found, None), or (None, the Watch of what would change
+    that), AT being the time it runs at. Answer (what was found or None, why it answered
+    at once without waiting, or None: its agent had MAX_LONG_POLLS under way, or its
+    Line says why not).
+    A caller that hung up while it waited gets None, nothing attempted: what it would
+    have taken stays for the next read. Where the face parks waits (Line.parks), the
+    first wait raises Parked instead of blocking this thread, and the face runs the
+    operation again when the news comes or the wait ends; the deadline and the
+    long-poll taken are the Line's across those runs.
+    """
+    line, started = caller.line, time.monotonic()
+    if line is not None and wait:
+        line.waits = True
+    resumed = line is not None and line.deadline is not None
+    deadline = line.deadline if resumed else started + wait
+    held, parking, waited = resumed and line.slot, False, resumed
+    try:
+        while True:
+            at = now + int(time.monotonic() - started)
+            if waited and line is not None and not line.listening():
+                return None, None
+            found, watch = attempt(at)
+            if found is not None or not wait or time.monotonic() >= deadline:
+                return found, None
+            if line is not None and line.not_waited:
+                return None, line.not_waited
+            if not held:
+                held = store.watcher.long_poll_taken(caller.name)
+                if not held:
+                    return None, f"you have {MAX_LONG_POLLS} long-polls under way already"
+            if line is not None and line.parks:
+                line.deadline, line.slot, parking = deadline, True, True
+                raise Parked(watch)
+            left = deadline - time.monotonic()
+            if watch.until is not None:
+                left = min(left, watch.until - at)
+            store.watcher.wait(lambda: news_came(store, watch), left)
+            waited = True
+    finally:
+        if held and not parking:
+            store.watcher.long_poll_done(caller.name)
+            if line is not None:
+                line.slot = False
+
+
+def taken_back_if_lost(store, caller, take_back, *args):
+    """Have CALLER's Line run TAKE_BACK(db, *ARGS), in a write block of its own, should this
+    answer not be handed over: so a delivery (a cursor moved, news told) is final only
+    once its answer is written."""
+    if caller.line is None:
+        return
+
+    def undo():
+        with store.transaction(write=True) as db:
+            take_back(db, *args)
+    caller.line.on_lost(undo)
+
+
+class Watcher:
+    """Who waits on one Store's file, and what wakes them: a long-poll that blocks its
+    thread (wait), a listener such as the Parker (listen), the long-polls each agent has
+    under way, and the one watcher thread (while anyone waits or listens) that notices
+    another process's commit within WAIT_POLL seconds, so an idle waiter costs nothing."""
+
+    def __init__(self, store):
+        self.store, self.closed = store, False
+        self._changed = threading.Condition()
+        self._generation = 0
+        self._marks = (None, None)      # (generation, marks()) as last read
+        self._waiting, self._watching, self._listeners = 0, False, []
+        self._long_polls, self._long_polls_lock = {}, threading.Lock()
+
+    def signal(self):
+        """Tell every waiter and listener the file changed (a commit of this process, or
+        another's the watcher thread saw)."""
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+
+    def marks(self):
+        """Answer (the newest message id, the newest ready sequence) of the file: what a
+        waiter watches. Read once per change, however many wait."""
+        with self._changed:
+            generation = self._generation
+        seen, marks = self._marks
+        if seen != generation:
+            marks = tuple(self.store.query_one(MARKS))
+            self._marks = (generation, marks)
+        return marks
+
+    def wait(self, ready, timeout):
+        """Block until READY() is true or TIMEOUT seconds pass; answer whether it was.
+
+        READY is asked again only when the file changed: a write from this process
+        says so at once, and one watcher thread (while anyone waits) notices
+        another process's commit within WAIT_POLL seconds, so an idle waiter costs
+        nothing.
+        """
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            self._waiting += 1
+            self._start_watching()
+        try:
+            while True:
+                with self._changed:
+                    generation = self._generation
+                if ready():
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                with self._changed:
+                    if generation == self._generation:
+                        self._changed.wait(left)
+        finally:
+            with self._changed:
+                self._waiting -= 1
+
+    def listen(self, listener, on=True):
+        """Call LISTENER() whenever the file changes, until called again with ON false: at
+        once for a commit of this process (on the committing thread), within WAIT_POLL
+        seconds for another's (on the watcher thread)."""
+        with self._changed:
+            if on:
+                self._listeners.append(listener)
+                self._start_watching()
+            else:
+                self._listeners.remove(listener)
+
+    def _start_watching(self):
+        """Start the watcher thread unless it runs (self._changed held)."""
+        if not self._watching:
+            self._watching = True
+            threading.Thread(target=self._watch, name="agora-watcher", daemon=True).start()
+
+    def _watch(self):
+        """Signal the waiters when another connection commits to the file; stop when
+        nobody waits or listens. SQLite's data_version changes with each such commit."""
+        con = None
+        try:
+            con = self.store.connect()
+            version = con.execute("PRAGMA data_version").fetchone()[0]
+            while True:
+                time.sleep(WAIT_POLL)
+                with self._changed:
+                    if not (self._waiting or self._listeners) or self.closed:
+                        self._watching = False
+                        return
+                now = con.execute("PRAGMA data_version").fetchone()[0]
+                if now != version:
+                    version = now
+                    self.signal()
+        except (AgoraError, sqlite3.Error):
+            with self._changed:
+                self._watching = False      # the next waiter starts another
+            self.signal()
+        finally:
+            if con is not None:
+                con.close()
+
+    def long_poll_taken(self, name):
+        """Take one of agent NAME's long-polls and answer True, or answer False when it has
+        MAX_LONG_POLLS under way in this process already (so no agent waits without bound);
+        a long-poll taken is given back with long_poll_done."""
+        with self._long_polls_lock:
+            taken = self._long_polls.get(name, 0) < MAX_LONG_POLLS
+            if taken:
+                self._long_polls[name] = self._long_polls.get(name, 0) + 1
+        return taken
+
+    def long_poll_done(self, name):
+        """Give back one of agent NAME's long-polls."""
+        with self._long_polls_lock:
+            count_out(self._long_polls, name)
+
+
+def hearers(db, since):
+    """Answer the agents who have a message past id SINCE to hear: in their mailbox or a
+    channel they follow, not their own (UNREAD_FOR_ME, wherever their cursors stand)."""
+    return {row[0] for row in db.execute(
+        "SELECT DISTINCT c.agent FROM messages m JOIN cursors c ON c.channel = m.channel "
+        "AND c.following = 1 AND c.agent != m.sender WHERE m.id > ?", (since,))}
+
+
+@functools.lru_cache(maxsize=4096)      # asked at every admission and park
+def is_loopback(host):
+    """Answer whether HOST names this machine only."""
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
+
+
+IDLE = "idle"               # RequestHandler.parked: the Parker reads its next request's head
+WRITING = "writing"         # RequestHandler.parked: the Parker writes the rest of an answer
+ANSWER_BATCH = 256          # parked waits answered in one write turn (one commit)
+FIRST_ANSWERS = 16          # of them in the first turn after news, so the first go out soon
+NEWS_GAP = 0.005            # seconds between two looks for news: commits meanwhile wait for one
+DESCRIPTOR_RESERVE = 64     # descriptors kept for the store and the server's own files
+
+
+class Waiter:
+    """A parked wait: its connection's HANDLER, the ROUTE and CALLER of its request, what
+    runs it again (RERUN, Parked's), the WATCH of what ends it, when its request began
+    (STARTED: the longest waiting began first), and when it ends unless news comes first
+    (ENDS, a monotonic time). Nothing of the request's body is kept."""
+
+    __slots__ = ("handler", "route", "caller", "rerun", "watch", "started", "reading", "ends")
+
+    def __init__(self, handler, route, caller, parked, started):
+        self.handler, self.route, self.caller, self.started = handler, route, caller, started
+        self.rerun, self.watch = parked.rerun, parked.watch
+        self.reading, self.ends = True, None
+
+    @property
+    def line(self):
+        """Answer the request's Line: its deadline and long-poll slot."""
+        return self.caller.line
+
+    @property
+    def address(self):
+        """Answer the client's address."""
+        return self.handler.client_address[0]
+
+
+class Parker:
+    """The connections of one server that no thread serves, and the one thread that keeps
+    them: it reads their requests' heads, holds their waits and writes their answers.
+
+    A connection comes here new, and whenever a thread is done with it between requests of
+    an agent that waits (IDLE): its socket is watched with a selector and what its client
+    sends is read without waiting, and only once a whole request head is in does the
+    connection go to a thread, admitted like a new one (Server.admit). A waiting request
+    gives back its thread and its slot: its connection is kept here (a Waiter), so a
+    client that hangs up is let go at once (nothing was delivered to it). When the file
+    changes, the waits whose agent has news (hearers), whose ready sequence moved, or
+    whose hold, lease or wait ran out are run again on this thread: FIRST_ANSWERS in one
+    write turn, then twice as many in each next one up to ANSWER_BATCH, so a public post
+    to N waiters costs N small attempts and a few commits, and the first answers go out
+    soon. This thread writes each answer as far as the socket takes it, the rest when the
+    socket takes more (WRITING), then keeps the connection IDLE for its next request.
+
+    Invariants: a connection is served by one thread or kept here, never both: it comes
+    here only once its thread is done with it, and goes to a thread only once it has left.
+    Each answer is its own unit: whatever fails while one waiter is answered (its write,
+    a bug) takes back what that answer handed over (Line.lost), lets that connection go
+    (_let_go, the one way out of here but to a thread) and touches no other waiter; an
+    answer is final only once written whole. Bounds: MAX_LONG_POLLS per agent (the Line's
+    slot); a quarter of the capacity of connections per client address, loopback aside;
+    the capacity of waits, and of connections kept between requests; past one, the
+    longest idle connection closes (never the one arriving), else the longest wait of that
+    bound ends at once, as if its time ran out.
+    """
+
+    def __init__(self, server, capacity):
+        import selectors
+        import socket
+        self.server, self.store, self.capacity = server, server.store, capacity
+        self.selector = selectors.DefaultSelector()
+        self.bell, self.ringer = socket.socketpair()
+        self.bell.setblocking(False)
+        self.ringer.setblocking(False)
+        self.selector.register(self.bell, selectors.EVENT_READ)
+        self.lock = threading.Lock()
+        self.arriving, self.stopping = [], False
+        self.changed = False        # news may have come: look when news_after has passed
+        self.waiters = {}           # connection -> Waiter
+        self.by_agent = {}          # agent -> its Waiters
+        self.watching_ready = set() # the Waiters that watch the ready sequence
+        self.again = []             # Waiters to run again at once (news they may have missed)
+        self.idle = {}              # connection -> handler, IDLE or WRITING (longest kept first)
+        self.timers = []            # heap of (when, a count, Waiter or handler)
+        self.timed = 0              # timers set so far: orders those set for one time
+        self.per_address = {}       # client address -> connections kept, loopback aside
+        self.checked = 0            # news up to this message id was looked for
+        self.ready = None           # the ready sequence as last looked at
+        self.news_after = 0.0       # the soonest the next look for news may be
+        self.thread = threading.Thread(target=self._run, name="agora-parker", daemon=True)
+        self.thread.start()
+
+    def park(self, kept):
+        """Take a connection no thread serves: KEPT is a parked wait's Waiter, or the handler
+        of a connection to keep until its next request's head is in (new, or IDLE)."""
+        with self.lock:
+            self.arriving.append(kept)
+        self._ring()
+
+    def on_change(self):
+        """Look again for news: the file changed (Store.listen). Commits while a look is
+        pending ring no more: under load, one look (and one wake) serves many."""
+        with self.lock:
+            rung, self.changed = self.changed, True
+        if not rung:
+            self._ring()
+
+    def _ring(self):
+        with contextlib.suppress(OSError):      # full: a ring is pending anyway
+            self.ringer.send(b"\0")
+
+    def close(self):
+        """Let every kept connection go (nothing was delivered to a waiter); end the thread."""
+        with self.lock:
+            self.stopping = True
+        self._ring()
+        self.thread.join()
+
+    def _run(self):
+        while True:
+            soonest = min(self.timers[0][0] if self.timers else float("inf"),
+                          self.news_after if self.changed else float("inf"))
+            timeout = None if soonest == float("inf") else max(0.0, soonest - time.monotonic())
+            events = self.selector.select(0 if self.again else timeout)
+            with self.lock:
+                arriving, self.arriving = self.arriving, []
+                # a new waiter is news to look for too (what came since it looked)
+                self.changed = self.changed or any(isinstance(kept, Waiter) for kept in arriving)
+                news = self.changed and time.monotonic() >= self.news_after
+                if news:                # commits a moment apart: one look for them all
+                    self.changed, self.news_after = False, time.monotonic() + NEWS_GAP
+                stopping = self.stopping
+            try:
+                if stopping:
+                    for kept in list(self.waiters.values()) + list(self.idle.values()) + arriving:
+                        self._safely(self._let_go, kept)
+                    self.selector.close()
+                    self.bell.close()
+                    self.ringer.close()
+                    return
+                for key, _ in events:
+                    if key.fileobj is self.bell:
+                        with contextlib.suppress(OSError):
+                            self.bell.recv(4096)
+                    elif isinstance(key.data, Waiter):
+                        self._safely(self._look, key.data)
+                    else:
+                        self._safely(self._write_rest if key.data.parked is WRITING
+                                     else self._read_head, key.data)
+                for kept in arriving:
+                    self._safely(self._add if isinstance(kept, Waiter) else self._keep_idle, kept)
+                due, batch = self._due(news), FIRST_ANSWERS
+                while due:              # the first few soon, then more to a commit
+                    self._answer(due[:batch])
+                    due, batch = due[batch:], min(2 * batch, ANSWER_BATCH)
+            except Exception:           # a bug of the parker's own: said, and on
+                report_bug("the parker")
+
+    def _safely(self, step, kept, *args):
+        """Do STEP(KEPT, *ARGS) for one kept connection; should it fail (a bug, said), let
+        that connection go rather than lose it or the others."""
+        try:
+            step(kept, *args)
+        except Exception:
+            report_bug("the parker")
+            with contextlib.suppress(Exception):
+                self._let_go(kept)
+
+    def _add(self, waiter):
+        import selectors
+        connection, agent = waiter.handler.connection, waiter.watch.agent
+        connection.setblocking(False)
+        self.waiters[connection] = waiter
+        self.by_agent.setdefault(agent, set()).add(waiter)
+        if waiter.watch.ready is not None:
+            self.watching_ready.add(waiter)
+        if waiter.reading:
+            self.selector.register(connection, selectors.EVENT_READ, waiter)
+        if len(self.waiters) == 1:      # the first: changes of the file are news now
+            self.checked, self.ready = waiter.watch.newest, None
+            self.store.watcher.listen(self.on_change)
+        if waiter.watch.newest < self.checked:  # a message came since it looked
+            self.again.append(waiter)
+        self._time(waiter)
+        self._count_in(waiter.handler)
+        self._make_room(waiter.handler)
+
+    def _time(self, waiter):
+        """Set when WAITER ends unless news comes: its deadline, or a hold or lease that
+        runs out first."""
+        import heapq
+        ends, until = waiter.line.deadline, waiter.watch.until
+        if until is not None:
+            ends = min(ends, time.monotonic() + (until - time.time()))
+        waiter.ends, self.timed = ends, self.timed + 1
+        heapq.heappush(self.timers, (ends, self.timed, waiter))
+
+    def _count_in(self, handler):
+        address = handler.client_address[0]
+        if not is_loopback(address):
+            self.per_address[address] = self.per_address.get(address, 0) + 1
+
+    def _make_room(self, arriving):
+        """Keep to the bounds as ARRIVING (a handler) comes: past its address's share, the
+        longest idle connection of that address closes (never the arriving one), else,
+        when a wait arrives, its longest wait ends (an idle one ends no wait); past the
+        capacity of connections kept between requests, the longest idle one closes; past
+        the capacity of waits, the longest wait ends."""
+        address = arriving.client_address[0]
+        if self.per_address.get(address, 0) > max(1, self.capacity // 4):
+            if not self._close_longest_idle(address, arriving) and arriving.parked is not IDLE:
+                self._end_longest(lambda other: other.address == address)
+        if len(self.idle) > self.capacity:
+            self._close_longest_idle(None, arriving)
+        ending = sum(1 for waiter in self.waiters.values() if not waiter.line.deadline) \
+            if len(self.waiters) > self.capacity else 0
+        while len(self.waiters) - ending > self.capacity and self._end_longest(lambda w: True):
+            ending += 1
+
+    def _close_longest_idle(self, address, arriving):
+        """Close the connection kept IDLE longest (of ADDRESS, unless None), never ARRIVING;
+        answer whether there was one."""
+        for handler in self.idle.values():
+            if (handler is not arriving and handler.parked is IDLE
+                    and address in (None, handler.client_address[0])):
+                self._let_go(handler)
+                return True
+        return False
+
+    def _end_longest(self, among):
+        """End the longest parked wait AMONG chooses now, as if its time ran out; answer
+        whether there was one."""
+        waiter = min((w for w in self.waiters.values() if among(w) and w.line.deadline > 0),
+                     key=lambda w: w.started, default=None)
+        if waiter is None:
+            return False
+        waiter.line.deadline = 0.0
+        self._time(waiter)
+        return True
+
+    def _remove(self, waiter):
+        connection = waiter.handler.connection
+        del self.waiters[connection]
+        self.by_agent[waiter.watch.agent].discard(waiter)
+        if not self.by_agent[waiter.watch.agent]:
+            del self.by_agent[waiter.watch.agent]
+        self.watching_ready.discard(waiter)
+        if waiter.reading:
+            self.selector.unregister(connection)
+        if waiter.address in self.per_address:
+            count_out(self.per_address, waiter.address)
+        if not self.waiters:            # the last: changes of the file are news to nobody
+            self.store.watcher.listen(self.on_change, on=False)
+
+    def _forget(self, handler):
+        """Stop keeping HANDLER's connection IDLE or WRITING (if it was)."""
+        if self.idle.pop(handler.connection, None) is not None:
+            self.selector.unregister(handler.connection)
+            address = handler.client_address[0]
+            if address in self.per_address:
+                count_out(self.per_address, address)
+
+    def _let_go(self, kept):
+        """Close a kept connection, the one way one leaves but to a thread: what its answer
+        handed over and was not written whole is taken back (a parked wait's, or the rest
+        of an answer), and a wait's long-poll is given back."""
+        if isinstance(kept, Waiter):
+            handler, line = kept.handler, kept.line
+            if self.waiters.get(handler.connection) is kept:
+                self._remove(kept)
+            if line.slot:
+                line.slot = False
+                self.store.watcher.long_poll_done(kept.caller.name)
+        else:
+            handler = kept
+            line = handler.handing if handler.parked is WRITING else None
+            self._forget(handler)
+        handler.parked, handler.unwritten, handler.handing = None, b"", None
+        if line is not None:
+            line.lost()
+        self.server.hang_up(handler)
+
+    def _look(self, waiter):
+        """Let WAITER go if its client hung up; stop reading if it sent more meanwhile (a
+        hang-up is noticed when it is answered then)."""
+        handler = waiter.handler
+        if not waiter.line.listening():
+            self._let_go(waiter)
+        elif handler.rfile.data or handler.rfile.fill() and handler.rfile.data:
+            self.selector.unregister(handler.connection)
+            waiter.reading = False
+
+    def _keep_idle(self, handler):
+        """Keep HANDLER's connection until its next request's head is in (IDLE): a new one,
+        one a thread is done with, or one whose answer was written whole."""
+        import selectors
+        handler.connection.setblocking(False)
+        if handler.rfile.has_head():
+            self._to_thread(handler)
+            return
+        self._hold(handler, IDLE, selectors.EVENT_READ,
+                   self.server.request_timeout if handler.rfile.data
+                   else self.server.idle_timeout)
+        self._make_room(handler)
+
+    def _hold(self, handler, state, events, seconds):
+        """Keep HANDLER's connection in STATE, watching for EVENTS, for SECONDS at most."""
+        import heapq
+        if handler.connection in self.idle:
+            self.selector.modify(handler.connection, events, handler)
+        else:
+            self.idle[handler.connection] = handler
+            self.selector.register(handler.connection, events, handler)
+            self._count_in(handler)
+        handler.parked = state
+        handler.kept_until, self.timed = time.monotonic() + seconds, self.timed + 1
+        heapq.heappush(self.timers, (handler.kept_until, self.timed, handler))
+
+    def _read_head(self, handler):
+        """Read what an IDLE connection's client sent; once a whole head is in, its request
+        goes to a thread; a client that closed its side is let go; the first bytes of a
+        head give it request_timeout to send the rest."""
+        began = bool(handler.rfile.data)
+        going_on = handler.rfile.fill()
+        if handler.rfile.has_head():
+            self._to_thread(handler)
+        elif not going_on:
+            self._let_go(handler)
+        elif not began and handler.rfile.data:
+            self._hold(handler, IDLE, self.selector.get_key(handler.connection).events,
+                       self.server.request_timeout)
+
+    def _to_thread(self, handler):
+        self._forget(handler)
+        handler.parked = None
+        self.server.admit(handler)
+
+    def _write_rest(self, handler):
+        """Write what the socket takes of the rest of an answer; once all of it is written
+        the delivery is final, and the connection idles for its next request."""
+        try:
+            sent = handler.write_at_once(handler.unwritten)
+        except OSError:                 # the client hung up: what it was handed comes again
+            self._let_go(handler)
+            return
+        handler.unwritten = handler.unwritten[sent:]
+        if not handler.unwritten:
+            handler.handing.undo = []
+            self._answered(handler)
+
+    def _answered(self, handler):
+        """Keep a connection whose answer is written whole for its next request, or close it."""
+        handler.unwritten, handler.handing = b"", None
+        if handler.close_connection:
+            self._let_go(handler)
+        else:
+            self._keep_idle(handler)
+
+    def _due(self, news):
+        """Answer the waiters to run again now: those whose time ran out and, when NEWS may
+        have come, those it concerns (the work grows with them, not with all who wait).
+        Let go of the connections whose time here ran out (idle, a head sent too slowly,
+        an answer taken too slowly)."""
+        import heapq
+        due, self.again = set(self.again), []
+        if news and self.waiters:
+            newest, ready = self.store.watcher.marks()
+            if newest > self.checked:
+                with self.store.autocommit() as db:
+                    for agent in hearers(db, self.checked):
+                        due.update(self.by_agent.get(agent, ()))
+                self.checked = newest
+            if ready != self.ready:
+                self.ready = ready
+                due.update(w for w in self.watching_ready if w.watch.ready != ready)
+        clock = time.monotonic()
+        while self.timers and self.timers[0][0] <= clock:
+            when, _, kept = heapq.heappop(self.timers)
+            if isinstance(kept, Waiter):
+                if kept.ends == when and self.waiters.get(kept.handler.connection) is kept:
+                    due.add(kept)
+            elif kept.kept_until == when and self.idle.get(kept.connection) is kept:
+                self._safely(self._let_go, kept)
+        due = [waiter for waiter in due if self.waiters.get(waiter.handler.connection) is waiter]
+        due.sort(key=lambda waiter: waiter.started)
+        for waiter in due:
+            self._remove(waiter)
+        return due
+
+    def _answer(self, waiters):
+        """Run the WAITERS' requests again, in one write turn, then hand each its answer,
+        one waiter at a time (_hand_over)."""
+        try:
+            with self.store.group_commit.turn():
+                ran = [(waiter, self._run_again(waiter)) for waiter in waiters]
+        except (AgoraError, sqlite3.Error):     # the turn's commit failed: each alone
+            ran = [(waiter, self._run_again(waiter)) for waiter in waiters]
+        for waiter, answer in ran:
+            self._safely(self._hand_over, waiter, answer)
+
+    def _hand_over(self, waiter, answer):
+        """Write WAITER's ANSWER as far as the socket takes it at once, the rest as it takes
+        more (WRITING); None: the wait parks again."""
+        if answer is None:
+            self._add(waiter)
+            return
+        import selectors
+        handler = waiter.handler
+        left = handler.reply(answer, waiter.route, waiter.caller, waiter.started, at_once=True)
+        if left:
+            handler.unwritten, handler.handing = memoryview(left), waiter.line
+            self._hold(handler, WRITING, selectors.EVENT_WRITE, self.server.send_timeout)
+        else:
+            waiter.line.undo = []
+            self._answered(handler)
+
+    @staticmethod
+    def _run_again(waiter):
+        """Answer WAITER's HttpAnswer, or None when it parks again (its new Watch kept)."""
+        try:
+            return waiter.handler.run_face(waiter.rerun, waiter.caller)
+        except Parked as parked:
+            waiter.rerun, waiter.watch = parked.rerun, parked.watch
+            return None
+
+
+###############################################################################
 # Operation catalog and handlers ##############################################
 ###############################################################################
 
@@ -1897,14 +2384,6 @@ def _unread(db, me, now, after=0):
             channels[channel], newest = count, max(newest, top)
     return Counts(channels, sum(channels.values()),
                   any(n >= COUNT_CAP for n in channels.values()), newest)
-
-
-def hearers(db, since):
-    """Answer the agents who have a message past id SINCE to hear: in their mailbox or a
-    channel they follow, not their own (UNREAD_FOR_ME, wherever their cursors stand)."""
-    return {row[0] for row in db.execute(
-        "SELECT DISTINCT c.agent FROM messages m JOIN cursors c ON c.channel = m.channel "
-        "AND c.following = 1 AND c.agent != m.sender WHERE m.id > ?", (since,))}
 
 
 def _anything_unread(db, me, now):
@@ -4596,7 +5075,7 @@ class A2AEndpoint(RpcEndpoint):
                            "VALUES (?, ?, ?)",
                            (task_id, context_id or secrets.token_hex(16), message_id))
         if not era.returns_at_once(configuration) and self.block > 0:
-            self.store.wait(lambda: self.own_task(task_id)["status"] in FINISHED, self.block)
+            self.store.watcher.wait(lambda: self.own_task(task_id)["status"] in FINISHED, self.block)
         answer = self.answer_task(task_id, era, history_length)
         return {"task": answer} if era.wraps_send else answer
 
@@ -4844,8 +5323,6 @@ class Headers:
         return list(self.named.get(name.lower(), ())) or default
 
 
-IDLE = "idle"               # RequestHandler.parked: the Parker reads its next request's head
-WRITING = "writing"         # RequestHandler.parked: the Parker writes the rest of an answer
 PARKED_BODY_MOST = 4096     # bytes of a request whose wait parks; a bigger one does not wait
 HEAD_MOST = 65537 + 16384 + 4   # bytes a head may take (its line, its fields); past them a
                                 # thread reads it, and refuses it at once
@@ -4970,43 +5447,6 @@ class RequestLog:
             self.stopping = True
             self.ready.notify()
         self.thread.join(1.0)
-
-
-class Waiter:
-    """A parked wait: its connection's HANDLER, the ROUTE and CALLER of its request, what
-    runs it again (RERUN, Parked's), the WATCH of what ends it, when its request began
-    (STARTED: the longest waiting began first), and when it ends unless news comes first
-    (ENDS, a monotonic time). Nothing of the request's body is kept."""
-
-    __slots__ = ("handler", "route", "caller", "rerun", "watch", "started", "reading", "ends")
-
-    def __init__(self, handler, route, caller, parked, started):
-        self.handler, self.route, self.caller, self.started = handler, route, caller, started
-        self.rerun, self.watch = parked.rerun, parked.watch
-        self.reading, self.ends = True, None
-
-    @property
-    def line(self):
-        """Answer the request's Line: its deadline and long-poll slot."""
-        return self.caller.line
-
-    @property
-    def address(self):
-        """Answer the client's address."""
-        return self.handler.client_address[0]
-
-
-@functools.lru_cache(maxsize=4096)      # asked at every admission and park
-def is_loopback(host):
-    """Answer whether HOST names this machine only."""
-    import ipaddress
-    if host == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
 
 
 class RequestHandler:
@@ -5299,400 +5739,6 @@ class RequestHandler:
 
     def log_message(self, format, *args):
         """Stay quiet: handle_one_method logs one line per request itself."""
-
-
-ANSWER_BATCH = 256          # parked waits answered in one write turn (one commit)
-FIRST_ANSWERS = 16          # of them in the first turn after news, so the first go out soon
-NEWS_GAP = 0.005            # seconds between two looks for news: commits meanwhile wait for one
-DESCRIPTOR_RESERVE = 64     # descriptors kept for the store and the server's own files
-
-
-class Parker:
-    """The connections of one server that no thread serves, and the one thread that keeps
-    them: it reads their requests' heads, holds their waits and writes their answers.
-
-    A connection comes here new, and whenever a thread is done with it between requests of
-    an agent that waits (IDLE): its socket is watched with a selector and what its client
-    sends is read without waiting, and only once a whole request head is in does the
-    connection go to a thread, admitted like a new one (Server.admit). A waiting request
-    gives back its thread and its slot: its connection is kept here (a Waiter), so a
-    client that hangs up is let go at once (nothing was delivered to it). When the file
-    changes, the waits whose agent has news (hearers), whose ready sequence moved, or
-    whose hold, lease or wait ran out are run again on this thread: FIRST_ANSWERS in one
-    write turn, then twice as many in each next one up to ANSWER_BATCH, so a public post
-    to N waiters costs N small attempts and a few commits, and the first answers go out
-    soon. This thread writes each answer as far as the socket takes it, the rest when the
-    socket takes more (WRITING), then keeps the connection IDLE for its next request.
-
-    Invariants: a connection is served by one thread or kept here, never both: it comes
-    here only once its thread is done with it, and goes to a thread only once it has left.
-    Each answer is its own unit: whatever fails while one waiter is answered (its write,
-    a bug) takes back what that answer handed over (Line.lost), lets that connection go
-    (_let_go, the one way out of here but to a thread) and touches no other waiter; an
-    answer is final only once written whole. Bounds: MAX_LONG_POLLS per agent (the Line's
-    slot); a quarter of the capacity of connections per client address, loopback aside;
-    the capacity of waits, and of connections kept between requests; past one, the
-    longest idle connection closes (never the one arriving), else the longest wait of that
-    bound ends at once, as if its time ran out.
-    """
-
-    def __init__(self, server, capacity):
-        import selectors
-        import socket
-        self.server, self.store, self.capacity = server, server.store, capacity
-        self.selector = selectors.DefaultSelector()
-        self.bell, self.ringer = socket.socketpair()
-        self.bell.setblocking(False)
-        self.ringer.setblocking(False)
-        self.selector.register(self.bell, selectors.EVENT_READ)
-        self.lock = threading.Lock()
-        self.arriving, self.stopping = [], False
-        self.changed = False        # news may have come: look when news_after has passed
-        self.waiters = {}           # connection -> Waiter
-        self.by_agent = {}          # agent -> its Waiters
-        self.watching_ready = set() # the Waiters that watch the ready sequence
-        self.again = []             # Waiters to run again at once (news they may have missed)
-        self.idle = {}              # connection -> handler, IDLE or WRITING (longest kept first)
-        self.timers = []            # heap of (when, a count, Waiter or handler)
-        self.timed = 0              # timers set so far: orders those set for one time
-        self.per_address = {}       # client address -> connections kept, loopback aside
-        self.checked = 0            # news up to this message id was looked for
-        self.ready = None           # the ready sequence as last looked at
-        self.news_after = 0.0       # the soonest the next look for news may be
-        self.thread = threading.Thread(target=self._run, name="agora-parker", daemon=True)
-        self.thread.start()
-
-    def park(self, kept):
-        """Take a connection no thread serves: KEPT is a parked wait's Waiter, or the handler
-        of a connection to keep until its next request's head is in (new, or IDLE)."""
-        with self.lock:
-            self.arriving.append(kept)
-        self._ring()
-
-    def on_change(self):
-        """Look again for news: the file changed (Store.listen). Commits while a look is
-        pending ring no more: under load, one look (and one wake) serves many."""
-        with self.lock:
-            rung, self.changed = self.changed, True
-        if not rung:
-            self._ring()
-
-    def _ring(self):
-        with contextlib.suppress(OSError):      # full: a ring is pending anyway
-            self.ringer.send(b"\0")
-
-    def close(self):
-        """Let every kept connection go (nothing was delivered to a waiter); end the thread."""
-        with self.lock:
-            self.stopping = True
-        self._ring()
-        self.thread.join()
-
-    def _run(self):
-        while True:
-            soonest = min(self.timers[0][0] if self.timers else float("inf"),
-                          self.news_after if self.changed else float("inf"))
-            timeout = None if soonest == float("inf") else max(0.0, soonest - time.monotonic())
-            events = self.selector.select(0 if self.again else timeout)
-            with self.lock:
-                arriving, self.arriving = self.arriving, []
-                # a new waiter is news to look for too (what came since it looked)
-                self.changed = self.changed or any(isinstance(kept, Waiter) for kept in arriving)
-                news = self.changed and time.monotonic() >= self.news_after
-                if news:                # commits a moment apart: one look for them all
-                    self.changed, self.news_after = False, time.monotonic() + NEWS_GAP
-                stopping = self.stopping
-            try:
-                if stopping:
-                    for kept in list(self.waiters.values()) + list(self.idle.values()) + arriving:
-                        self._safely(self._let_go, kept)
-                    self.selector.close()
-                    self.bell.close()
-                    self.ringer.close()
-                    return
-                for key, _ in events:
-                    if key.fileobj is self.bell:
-                        with contextlib.suppress(OSError):
-                            self.bell.recv(4096)
-                    elif isinstance(key.data, Waiter):
-                        self._safely(self._look, key.data)
-                    else:
-                        self._safely(self._write_rest if key.data.parked is WRITING
-                                     else self._read_head, key.data)
-                for kept in arriving:
-                    self._safely(self._add if isinstance(kept, Waiter) else self._keep_idle, kept)
-                due, batch = self._due(news), FIRST_ANSWERS
-                while due:              # the first few soon, then more to a commit
-                    self._answer(due[:batch])
-                    due, batch = due[batch:], min(2 * batch, ANSWER_BATCH)
-            except Exception:           # a bug of the parker's own: said, and on
-                report_bug("the parker")
-
-    def _safely(self, step, kept, *args):
-        """Do STEP(KEPT, *ARGS) for one kept connection; should it fail (a bug, said), let
-        that connection go rather than lose it or the others."""
-        try:
-            step(kept, *args)
-        except Exception:
-            report_bug("the parker")
-            with contextlib.suppress(Exception):
-                self._let_go(kept)
-
-    def _add(self, waiter):
-        import selectors
-        connection, agent = waiter.handler.connection, waiter.watch.agent
-        connection.setblocking(False)
-        self.waiters[connection] = waiter
-        self.by_agent.setdefault(agent, set()).add(waiter)
-        if waiter.watch.ready is not None:
-            self.watching_ready.add(waiter)
-        if waiter.reading:
-            self.selector.register(connection, selectors.EVENT_READ, waiter)
-        if len(self.waiters) == 1:      # the first: changes of the file are news now
-            self.checked, self.ready = waiter.watch.newest, None
-            self.store.listen(self.on_change)
-        if waiter.watch.newest < self.checked:  # a message came since it looked
-            self.again.append(waiter)
-        self._time(waiter)
-        self._count_in(waiter.handler)
-        self._make_room(waiter.handler)
-
-    def _time(self, waiter):
-        """Set when WAITER ends unless news comes: its deadline, or a hold or lease that
-        runs out first."""
-        import heapq
-        ends, until = waiter.line.deadline, waiter.watch.until
-        if until is not None:
-            ends = min(ends, time.monotonic() + (until - time.time()))
-        waiter.ends, self.timed = ends, self.timed + 1
-        heapq.heappush(self.timers, (ends, self.timed, waiter))
-
-    def _count_in(self, handler):
-        address = handler.client_address[0]
-        if not is_loopback(address):
-            self.per_address[address] = self.per_address.get(address, 0) + 1
-
-    def _make_room(self, arriving):
-        """Keep to the bounds as ARRIVING (a handler) comes: past its address's share, the
-        longest idle connection of that address closes, else its longest wait ends; past
-        the capacity of connections kept between requests, the longest idle one closes;
-        past the capacity of waits, the longest ends."""
-        address = arriving.client_address[0]
-        if self.per_address.get(address, 0) > max(1, self.capacity // 4):
-            if not self._close_longest_idle(address, arriving):
-                self._end_longest(lambda other: other.address == address)
-        if len(self.idle) > self.capacity:
-            self._close_longest_idle(None, arriving)
-        ending = sum(1 for waiter in self.waiters.values() if not waiter.line.deadline) \
-            if len(self.waiters) > self.capacity else 0
-        while len(self.waiters) - ending > self.capacity and self._end_longest(lambda w: True):
-            ending += 1
-
-    def _close_longest_idle(self, address, arriving):
-        """Close the connection kept IDLE longest (of ADDRESS, unless None), never ARRIVING;
-        answer whether there was one."""
-        for handler in self.idle.values():
-            if (handler is not arriving and handler.parked is IDLE
-                    and address in (None, handler.client_address[0])):
-                self._let_go(handler)
-                return True
-        return False
-
-    def _end_longest(self, among):
-        """End the longest parked wait AMONG chooses now, as if its time ran out; answer
-        whether there was one."""
-        waiter = min((w for w in self.waiters.values() if among(w) and w.line.deadline > 0),
-                     key=lambda w: w.started, default=None)
-        if waiter is None:
-            return False
-        waiter.line.deadline = 0.0
-        self._time(waiter)
-        return True
-
-    def _remove(self, waiter):
-        connection = waiter.handler.connection
-        del self.waiters[connection]
-        self.by_agent[waiter.watch.agent].discard(waiter)
-        if not self.by_agent[waiter.watch.agent]:
-            del self.by_agent[waiter.watch.agent]
-        self.watching_ready.discard(waiter)
-        if waiter.reading:
-            self.selector.unregister(connection)
-        if waiter.address in self.per_address:
-            count_out(self.per_address, waiter.address)
-        if not self.waiters:            # the last: changes of the file are news to nobody
-            self.store.listen(self.on_change, on=False)
-
-    def _forget(self, handler):
-        """Stop keeping HANDLER's connection IDLE or WRITING (if it was)."""
-        if self.idle.pop(handler.connection, None) is not None:
-            self.selector.unregister(handler.connection)
-            address = handler.client_address[0]
-            if address in self.per_address:
-                count_out(self.per_address, address)
-
-    def _let_go(self, kept):
-        """Close a kept connection, the one way one leaves but to a thread: what its answer
-        handed over and was not written whole is taken back (a parked wait's, or the rest
-        of an answer), and a wait's long-poll is given back."""
-        if isinstance(kept, Waiter):
-            handler, line = kept.handler, kept.line
-            if self.waiters.get(handler.connection) is kept:
-                self._remove(kept)
-            if line.slot:
-                line.slot = False
-                self.store.long_poll_done(kept.caller.name)
-        else:
-            handler = kept
-            line = handler.handing if handler.parked is WRITING else None
-            self._forget(handler)
-        handler.parked, handler.unwritten, handler.handing = None, b"", None
-        if line is not None:
-            line.lost()
-        self.server.hang_up(handler)
-
-    def _look(self, waiter):
-        """Let WAITER go if its client hung up; stop reading if it sent more meanwhile (a
-        hang-up is noticed when it is answered then)."""
-        handler = waiter.handler
-        if not handler.client_listening():
-            self._let_go(waiter)
-        elif handler.rfile.data or handler.rfile.fill() and handler.rfile.data:
-            self.selector.unregister(handler.connection)
-            waiter.reading = False
-
-    def _keep_idle(self, handler):
-        """Keep HANDLER's connection until its next request's head is in (IDLE): a new one,
-        one a thread is done with, or one whose answer was written whole."""
-        import selectors
-        handler.connection.setblocking(False)
-        if handler.rfile.has_head():
-            self._to_thread(handler)
-            return
-        self._hold(handler, IDLE, selectors.EVENT_READ,
-                   self.server.request_timeout if handler.rfile.data
-                   else self.server.idle_timeout)
-        self._make_room(handler)
-
-    def _hold(self, handler, state, events, seconds):
-        """Keep HANDLER's connection in STATE, watching for EVENTS, for SECONDS at most."""
-        import heapq
-        if handler.connection in self.idle:
-            self.selector.modify(handler.connection, events, handler)
-        else:
-            self.idle[handler.connection] = handler
-            self.selector.register(handler.connection, events, handler)
-            self._count_in(handler)
-        handler.parked = state
-        handler.kept_until, self.timed = time.monotonic() + seconds, self.timed + 1
-        heapq.heappush(self.timers, (handler.kept_until, self.timed, handler))
-
-    def _read_head(self, handler):
-        """Read what an IDLE connection's client sent; once a whole head is in, its request
-        goes to a thread; a client that closed its side is let go; the first bytes of a
-        head give it request_timeout to send the rest."""
-        began = bool(handler.rfile.data)
-        going_on = handler.rfile.fill()
-        if handler.rfile.has_head():
-            self._to_thread(handler)
-        elif not going_on:
-            self._let_go(handler)
-        elif not began and handler.rfile.data:
-            self._hold(handler, IDLE, self.selector.get_key(handler.connection).events,
-                       self.server.request_timeout)
-
-    def _to_thread(self, handler):
-        self._forget(handler)
-        handler.parked = None
-        self.server.admit(handler)
-
-    def _write_rest(self, handler):
-        """Write what the socket takes of the rest of an answer; once all of it is written
-        the delivery is final, and the connection idles for its next request."""
-        try:
-            sent = handler.write_at_once(handler.unwritten)
-        except OSError:                 # the client hung up: what it was handed comes again
-            self._let_go(handler)
-            return
-        handler.unwritten = handler.unwritten[sent:]
-        if not handler.unwritten:
-            handler.handing.undo = []
-            self._answered(handler)
-
-    def _answered(self, handler):
-        """Keep a connection whose answer is written whole for its next request, or close it."""
-        handler.unwritten, handler.handing = b"", None
-        if handler.close_connection:
-            self._let_go(handler)
-        else:
-            self._keep_idle(handler)
-
-    def _due(self, news):
-        """Answer the waiters to run again now: those whose time ran out and, when NEWS may
-        have come, those it concerns (the work grows with them, not with all who wait).
-        Let go of the connections whose time here ran out (idle, a head sent too slowly,
-        an answer taken too slowly)."""
-        import heapq
-        due, self.again = set(self.again), []
-        if news and self.waiters:
-            newest, ready = self.store.marks()
-            if newest > self.checked:
-                with self.store.autocommit() as db:
-                    for agent in hearers(db, self.checked):
-                        due.update(self.by_agent.get(agent, ()))
-                self.checked = newest
-            if ready != self.ready:
-                self.ready = ready
-                due.update(w for w in self.watching_ready if w.watch.ready != ready)
-        clock = time.monotonic()
-        while self.timers and self.timers[0][0] <= clock:
-            when, _, kept = heapq.heappop(self.timers)
-            if isinstance(kept, Waiter):
-                if kept.ends == when and self.waiters.get(kept.handler.connection) is kept:
-                    due.add(kept)
-            elif kept.kept_until == when and self.idle.get(kept.connection) is kept:
-                self._safely(self._let_go, kept)
-        due = [waiter for waiter in due if self.waiters.get(waiter.handler.connection) is waiter]
-        due.sort(key=lambda waiter: waiter.started)
-        for waiter in due:
-            self._remove(waiter)
-        return due
-
-    def _answer(self, waiters):
-        """Run the WAITERS' requests again, in one write turn, then hand each its answer,
-        one waiter at a time (_hand_over)."""
-        try:
-            with self.store.group_commit.turn():
-                ran = [(waiter, self._run_again(waiter)) for waiter in waiters]
-        except (AgoraError, sqlite3.Error):     # the turn's commit failed: each alone
-            ran = [(waiter, self._run_again(waiter)) for waiter in waiters]
-        for waiter, answer in ran:
-            self._safely(self._hand_over, waiter, answer)
-
-    def _hand_over(self, waiter, answer):
-        """Write WAITER's ANSWER as far as the socket takes it at once, the rest as it takes
-        more (WRITING); None: the wait parks again."""
-        if answer is None:
-            self._add(waiter)
-            return
-        import selectors
-        handler = waiter.handler
-        left = handler.reply(answer, waiter.route, waiter.caller, waiter.started, at_once=True)
-        if left:
-            handler.unwritten, handler.handing = memoryview(left), waiter.line
-            self._hold(handler, WRITING, selectors.EVENT_WRITE, self.server.send_timeout)
-        else:
-            waiter.line.undo = []
-            self._answered(handler)
-
-    @staticmethod
-    def _run_again(waiter):
-        """Answer WAITER's HttpAnswer, or None when it parks again (its new Watch kept)."""
-        try:
-            return waiter.handler.run_face(waiter.rerun, waiter.caller)
-        except Parked as parked:
-            waiter.rerun, waiter.watch = parked.rerun, parked.watch
-            return None
 
 
 class Server:
@@ -6257,7 +6303,7 @@ class AgentLink:
     def mark(self):
         """Answer where the file is, as news sees it: a later mark says it changed (over
         --url, None: only the server sees its file)."""
-        return None if self.store is None else self.store.marks()
+        return None if self.store is None else self.store.watcher.marks()
 
     def close(self):
         """Let go of the local file, if any."""
@@ -6858,7 +6904,7 @@ def news_batches(link, tasks, deadline=None, peek=False):
             body = shown.fresh(body)
             if stale and not _has_news(body):
                 if link.store is not None:      # the file itself says when it changes
-                    link.store.wait(lambda: link.mark() != before, min(left, MAX_WAIT))
+                    link.store.watcher.wait(lambda: link.mark() != before, min(left, MAX_WAIT))
                 else:
                     time.sleep(min(backoff, max(0, left)))
                     backoff = min(2 * backoff, 8)

@@ -50,13 +50,13 @@ def when_waiting(store):
     counts how often one did."""
     entered = threading.Event()
     entered.calls = []
-    original = store.wait
+    original = store.watcher.wait
 
     def wait(ready, timeout):
         entered.calls.append(1)
         entered.set()
         return original(ready, timeout)
-    store.wait = wait
+    store.watcher.wait = wait
     return entered
 
 
@@ -1338,7 +1338,7 @@ class NewsTest(StoreCase):
             waiter.join(15)
             self.assertLess(time.monotonic() - started, 10)
             self.assertEqual(results[0]["count"], 1)
-            self.store.wait = type(self.store).wait.__get__(self.store)
+            self.store.watcher.wait = type(self.store.watcher).wait.__get__(self.store.watcher)
 
 
 class HistoryTest(StoreCase):
@@ -3117,12 +3117,12 @@ class BoundedWorkTest(StoreCase):
     def test_idle_waiters_cost_one_watcher_not_a_poll_each(self):
         self.ok("brief", who="bob")
         self.ok("brief", who="carol")
-        checks, original_marks = [], self.store.marks
+        checks, original_marks = [], self.store.watcher.marks
 
         def marks():
             checks.append(1)
             return original_marks()
-        self.store.marks, entered = marks, when_waiting(self.store)
+        self.store.watcher.marks, entered = marks, when_waiting(self.store)
         waiters = [threading.Thread(target=self.call, args=("news", who), kwargs={"wait": 2})
                    for who in ("bob", "carol") for _ in range(10)]
         for waiter in waiters:
@@ -3656,8 +3656,8 @@ class HangUpTest(ServerCase):
         """Send BODY to PATH as bob, close the connection while it waits, wait PAUSE
         seconds, post bob a message, and let the long-poll finish; answer the message's id."""
         waiting, over = when_parked(self.server), threading.Event()
-        give_back = self.store.long_poll_done
-        self.store.long_poll_done = lambda name: (give_back(name), over.set())
+        give_back = self.store.watcher.long_poll_done
+        self.store.watcher.long_poll_done = lambda name: (give_back(name), over.set())
         data = json.dumps(body).encode()
         client = socket.create_connection(("127.0.0.1", self.port), timeout=10)
         client.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer "
@@ -3670,6 +3670,21 @@ class HangUpTest(ServerCase):
                             agora.Caller("alice", True)).body["id"]
         self.assertTrue(over.wait(10))          # the wait is over: its long-poll given back
         return posted
+
+    def test_a_wait_hung_up_on_is_let_go_at_once(self):
+        # Before any news: the hang-up alone gives back the long-poll and the connection.
+        given_back = threading.Event()
+        give_back = self.store.watcher.long_poll_done
+        self.store.watcher.long_poll_done = lambda name: (give_back(name), given_back.set())
+        client = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        data = json.dumps({"wait": 30}).encode()
+        client.sendall(b"POST /api/read HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer "
+                       b"%s\r\nContent-Length: %d\r\n\r\n%s" % (
+                           self.port, self.token.encode(), len(data), data))
+        self.assertTrue(when_parked(self.server).wait(10))
+        client.close()
+        self.assertTrue(given_back.wait(2))
+        self.assertTrue(until(lambda: not self.server.parker.waiters, 2))
 
     def test_a_read_wait_that_was_hung_up_on_loses_nothing(self):
         read = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
@@ -3928,6 +3943,32 @@ class AdmissionTest(ServerCase):
         self.assertLessEqual(max(most), 8)
 
 
+class RemoteCrowdTest(unittest.TestCase):
+    """A client address other than loopback has a share of the parked connections."""
+
+    def test_past_its_share_an_address_s_longest_wait_ends(self):
+        address = this_machines_address()
+        store = agora.Store(os.path.join(temp_dir(self), "agora.db"))
+        self.addCleanup(store.close)
+        server = serve_in_thread(self, store, "0.0.0.0", [address])
+        server.parker.capacity = 8              # a share of 2 an address
+        port = server.server_address[1]
+        conns = []
+        for name in ("ann", "ben", "cy"):
+            token = agora.call(store, "join", {"name": name}).body["token"]
+            conn = http.client.HTTPConnection(address, port, timeout=30)
+            conn.request("POST", "/api/read", body=json.dumps({"wait": 30}), headers={
+                "Authorization": f"Bearer {token}", "Host": f"{address}:{port}"})
+            conns.append(conn)
+            self.addCleanup(conn.close)
+            time.sleep(0.2)
+        started = time.monotonic()
+        first = conns[0].getresponse()
+        self.assertEqual(json.loads(first.read())["messages"], [])      # as if it ran out
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertTrue(until(lambda: len(server.parker.waiters) == 2))
+
+
 class CrowdTest(ServerCase):
     """Waiting agents hold no thread and no connection slot: they never crowd out work."""
 
@@ -3989,10 +4030,14 @@ class CrowdTest(ServerCase):
         alice, bob, carol = (self.join(name) for name in ("alice", "bob", "carol"))
         waits = {"bob": self.wait_on(bob), "carol": self.wait_on(carol)}
         self.assertTrue(when_parked(self.server, 2).wait(10))
-        self.assertEqual(self.request("POST", "/api/post", {"to": "bob", "body": "hi"},
-                                      alice)[0], 200)
-        self.assertEqual([m["body"] for m in json.loads(
-            waits["bob"].getresponse().read())["messages"]], ["hi"])
+        looked, look = [], agora._anything_unread
+        with unittest.mock.patch.object(agora, "_anything_unread", lambda db, me, now: (
+                looked.append(me), look(db, me, now))[1]):
+            self.assertEqual(self.request("POST", "/api/post", {"to": "bob", "body": "hi"},
+                                          alice)[0], 200)
+            self.assertEqual([m["body"] for m in json.loads(
+                waits["bob"].getresponse().read())["messages"]], ["hi"])
+        self.assertEqual(set(looked), {"bob"})          # carol's wait was not run again
         self.assertTrue(until(lambda: len(self.server.parker.waiters) == 1))
         self.assertEqual(self.request("POST", "/api/post", {"body": "all"}, alice)[0], 200)
         self.assertEqual([m["body"] for m in json.loads(

@@ -564,6 +564,23 @@ def failing_log(work):
               "message", sum(got) == 12, str(got))
 
 
+def settle(process, seconds=60):
+    """Wait until PROCESS is idle (under 5 % of a core for half a second), at most SECONDS;
+    answer how long that took."""
+    began = time.monotonic()
+
+    def cpu():
+        with open(f"/proc/{process.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    while time.monotonic() - began < seconds:
+        before = cpu()
+        time.sleep(0.5)
+        if cpu() - before < 0.025:
+            break
+    return time.monotonic() - began
+
+
 def herd(work, agents=10000):
     """Every agent reconnects at once, as after a server restart: AGENTS read wait=60 opened
     together are queued and parked, none refused; one public post then reaches them all."""
@@ -580,7 +597,7 @@ def herd(work, agents=10000):
     began = time.monotonic()
     crowd = Crowd(port, tokens)
     opened = time.monotonic() - began
-    time.sleep(5)                       # the queue drains into the parker meanwhile
+    settled = settle(server)            # the queue drains into the parker meanwhile
     early = crowd.answered()
     began = time.monotonic()
     status, posted = request(port, "POST", "/api/post", {"body": "to the herd"}, poster)
@@ -591,8 +608,9 @@ def herd(work, agents=10000):
                 if code == 200 and body and [m["id"] for m in body["messages"]] == [posted["id"]])
     refused = sum(1 for _, code, _ in answers if code == 503)
     last = answers[-1][0] if answers else float("inf")
-    check(f"herd: {agents} read wait=60 opened at once (in {opened:.1f} s), {early} answered "
-          "or refused before the post", early == 0, str(early))
+    check(f"herd: {agents} read wait=60 opened at once (in {opened:.1f} s, all parked "
+          f"{settled:.1f} s later), {early} answered or refused before the post", early == 0,
+          str(early))
     check(f"herd: one public post reached {exact} of {agents}, {refused} refused, the last "
           f"in {last:.2f} s", exact == agents and refused == 0,
           f"{len(answers)} answers, statuses {sorted(set(a[1] for a in answers))}")
