@@ -1729,6 +1729,8 @@ class Parker:
         self.timers = []            # heap of (when, a count, Waiter or handler)
         self.timed = 0              # timers set so far: orders those set for one time
         self.per_address = {}       # client address -> connections kept, loopback aside
+        self.longest = {None: []}   # heaps of (started, a count, Waiter): all, and by address
+        self.ending = 0             # waits ended early, not yet answered
         self.checked = 0            # news up to this message id was looked for
         self.ready = None           # the ready sequence as last looked at
         self.news_after = 0.0       # the soonest the next look for news may be
@@ -1828,6 +1830,11 @@ class Parker:
             self.again.append(waiter)
         self._time(waiter)
         self._count_in(waiter.handler)
+        import heapq
+        for key in (None, waiter.address) if waiter.address in self.per_address else (None,):
+            heapq.heappush(self.longest.setdefault(key, []), (waiter.started, self.timed, waiter))
+        if len(self.longest[None]) > 2 * len(self.waiters) + 64:    # parked again often
+            self._compact()
         self._make_room(waiter.handler)
 
     def _time(self, waiter):
@@ -1854,13 +1861,12 @@ class Parker:
         address = arriving.client_address[0]
         if self.per_address.get(address, 0) > max(1, self.capacity // 4):
             if not self._close_longest_idle(address, arriving) and arriving.parked is not IDLE:
-                self._end_longest(lambda other: other.address == address)
+                self._end_longest(self.longest.get(address, []))
         if len(self.idle) > self.capacity:
             self._close_longest_idle(None, arriving)
-        ending = sum(1 for waiter in self.waiters.values() if not waiter.line.deadline) \
-            if len(self.waiters) > self.capacity else 0
-        while len(self.waiters) - ending > self.capacity and self._end_longest(lambda w: True):
-            ending += 1
+        while len(self.waiters) - self.ending > self.capacity and self._end_longest(
+                self.longest[None]):
+            pass
 
     def _close_longest_idle(self, address, arriving):
         """Close the connection kept IDLE longest (of ADDRESS, unless None), never ARRIVING;
@@ -1872,16 +1878,31 @@ class Parker:
                 return True
         return False
 
-    def _end_longest(self, among):
-        """End the longest parked wait AMONG chooses now, as if its time ran out; answer
-        whether there was one."""
-        waiter = min((w for w in self.waiters.values() if among(w) and w.line.deadline > 0),
-                     key=lambda w: w.started, default=None)
-        if waiter is None:
-            return False
-        waiter.line.deadline = 0.0
-        self._time(waiter)
-        return True
+    def _compact(self):
+        """Drop from the longest heaps what they hold of waits that are over (amortized: at
+        most once for as many parks as there are waits)."""
+        import heapq
+        kept = {}
+        for key, heap in self.longest.items():
+            heap = [entry for entry in heap if self.waiters.get(entry[2].handler.connection)
+                    is entry[2]]
+            if heap or key is None:
+                heapq.heapify(heap)
+                kept[key] = heap
+        self.longest = kept
+
+    def _end_longest(self, longest):
+        """End the longest parked wait of LONGEST (a heap of self.longest) now, as if its
+        time ran out; answer whether there was one. What the heap holds of waits that
+        ended or parked again since is dropped as it comes up: O(log n) a wait."""
+        import heapq
+        while longest:
+            waiter = heapq.heappop(longest)[2]
+            if self.waiters.get(waiter.handler.connection) is waiter and waiter.line.deadline:
+                waiter.line.deadline, self.ending = 0.0, self.ending + 1
+                self._time(waiter)
+                return True
+        return False
 
     def _remove(self, waiter):
         connection = waiter.handler.connection
@@ -1894,6 +1915,8 @@ class Parker:
             self.selector.unregister(connection)
         if waiter.address in self.per_address:
             count_out(self.per_address, waiter.address)
+        if not waiter.line.deadline:
+            self.ending -= 1
         if not self.waiters:            # the last: changes of the file are news to nobody
             self.store.watcher.listen(self.on_change, on=False)
 
