@@ -5098,7 +5098,8 @@ class A2AEndpoint(RpcEndpoint):
                            "VALUES (?, ?, ?)",
                            (task_id, context_id or secrets.token_hex(16), message_id))
         if not era.returns_at_once(configuration) and self.block > 0:
-            self.store.watcher.wait(lambda: self.own_task(task_id)["status"] in FINISHED, self.block)
+            self.store.watcher.wait(lambda: self.own_task(task_id)["status"] in FINISHED,
+                                    self.block)
         answer = self.answer_task(task_id, era, history_length)
         return {"task": answer} if era.wraps_send else answer
 
@@ -5650,11 +5651,12 @@ class RequestHandler:
         return HttpAnswer(refusal.status, json_bytes(refusal.body))
 
     def reply(self, answer, route, caller, started, at_once=False):
-        """Hand ANSWER to CALLER's client (None: none was known) and log it; answer what is left to write: with
-        AT_ONCE (the Parker) only what the socket takes without waiting is written. What
-        the answer hands over is taken back (Line.lost) when the client hung up before it
-        or the write fails: a delivery is final once its answer is written whole (the
-        Parker writes what it could not at once, and takes it back should that fail)."""
+        """Hand ANSWER to CALLER's client (None: none was known) and log it; answer what is
+        left to write: with AT_ONCE (the Parker) only what the socket takes without waiting
+        is written. What the answer hands over is taken back (Line.lost) when the client
+        hung up before it or the write fails: a delivery is final once its answer is
+        written whole (the Parker writes what it could not at once, and takes it back
+        should that fail)."""
         line = caller.line if caller is not None else None
         handed, left = True, b""
         try:
@@ -5765,7 +5767,7 @@ class RequestHandler:
 
 
 class Server:
-    """The listening side: mixed into ThreadingHTTPServer by make_server().
+    """The listening side: mixed into HTTPServer by make_server().
 
     A new connection goes to the Parker, which reads its first request's head without a
     thread; only then is it admitted (admit) to a thread and one of max_connections
@@ -5776,7 +5778,6 @@ class Server:
     can be given to make_server() for one server.
     """
 
-    daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 1024   # the stdlib's 5 resets connections in a burst (a crowd's)
     idle_timeout = 30           # seconds a keep-alive connection may wait for its next request
@@ -6048,9 +6049,9 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
     import heapq            # are to be had, not at the first request; so are what the
     import socket           # Parker keeps its timers with and what a bug's report needs
     import traceback        # (report_bug)
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler, HTTPServer
     handler = type("AgoraRequestHandler", (RequestHandler, BaseHTTPRequestHandler), {})
-    server_class = type("AgoraServer", (Server, ThreadingHTTPServer), {
+    server_class = type("AgoraServer", (Server, HTTPServer), {
         "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
     server = server_class((host.strip("[]"), port), handler, store, **settings)
     server.allowed_hosts = allowed_hosts(host, server.server_address[1], allow_hosts,

@@ -492,6 +492,23 @@ class GroupCommitTest(StoreCase):
         self.assertIsNone(self.store.query_one("SELECT 1 FROM channels WHERE name IN "
                                                "('before', 'undone', 'after')"))
 
+    def test_a_block_after_sqlite_undid_the_turn_between_blocks_is_not_saved_alone(self):
+        # SQLite undoes the open transaction while no block runs (a read of the turn's, say):
+        # a block that came next would begin a transaction of its own and commit it on its
+        # release, told "not saved" with the turn while it was.
+        with self.assertRaises(agora.StoreError):
+            with self.store.group_commit.turn():
+                with self.store.transaction(write=True) as db:
+                    db.execute("INSERT INTO channels (name, created_by, created) "
+                               "VALUES ('before', 'x', 0)")
+                self.store.group_commit.connection().execute("ROLLBACK")
+                with self.assertRaises(agora.StoreError):
+                    with self.store.transaction(write=True) as db:
+                        db.execute("INSERT INTO channels (name, created_by, created) "
+                                   "VALUES ('after', 'x', 0)")
+        self.assertIsNone(self.store.query_one("SELECT 1 FROM channels WHERE name IN "
+                                               "('before', 'after')"))
+
     def test_a_write_op_writes_its_callers_seen_in_its_own_commit(self):
         self.ok("brief", who="bob")
         before = CountingStore.write_transactions
@@ -3670,6 +3687,24 @@ class HangUpTest(ServerCase):
                             agora.Caller("alice", True)).body["id"]
         self.assertTrue(over.wait(10))          # the wait is over: its long-poll given back
         return posted
+
+    def test_a_read_whose_client_left_before_its_answer_delivers_nothing(self):
+        # No wait: the client is gone before its read runs; the answer would go into a
+        # closed connection (a first write there succeeds), so nothing may count as given.
+        posted = agora.call(self.store, "post", {"to": "bob", "body": "to nobody"},
+                            agora.Caller("alice", True)).body["id"]
+        lost = threading.Event()
+        give_back = agora.Line.lost
+        with unittest.mock.patch.object(agora.Line, "lost", lambda line: (
+                give_back(line), lost.set())):
+            client = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+            client.sendall(b"POST /api/read HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: "
+                           b"Bearer %s\r\nContent-Length: 2\r\n\r\n{}" % (
+                               self.port, self.token.encode()))
+            client.close()
+            self.assertTrue(lost.wait(5))
+        got = agora.call(self.store, "read", {}, agora.Caller("bob", True)).body
+        self.assertEqual([m["id"] for m in got["messages"]], [posted])
 
     def test_a_wait_hung_up_on_is_let_go_at_once(self):
         # Before any news: the hang-up alone gives back the long-poll and the connection.
