@@ -4401,7 +4401,8 @@ def call(store, name, args=None, caller=OPERATOR, now=None, hidden=False):
         if op is None:
             raise NotFound(f"no operation {str(name)!r:.60}", hint="ops lists them")
         admit(store, op, caller, now)
-        return run_checked(store, op, validate(op, {} if args is None else args), caller, now)
+        args = validate(op, {} if args is None else args)
+    return run_checked(store, op, args, caller, now)
 
 
 def run_checked(store, op, args, caller, now):
