@@ -503,7 +503,6 @@ def no_space(named, error):
 
 
 REPAIR_HINT = "agora check --repair rebuilds it from the messages, tasks and notes"
-CORRUPT_VTAB = 267          # SQLite's SQLITE_CORRUPT_VTAB: a virtual table (FTS5) is damaged
 
 
 def file_problem(path, error, named=None):
@@ -512,14 +511,12 @@ def file_problem(path, error, named=None):
     database file PATH"; a server names no path to its remote callers). What SQLite calls
     an I/O error or a file it cannot open is told by its cause when agora can find it:
     no descriptor left (a crowd of connections), no space left on the disk (SQLite must
-    create its -wal and -shm); both pass by themselves once the cause is gone. A damaged
-    full-text index is told as such: check --repair rebuilds it."""
+    create its -wal and -shm); both pass by themselves once the cause is gone. (A read
+    that fails in the disk can look like a damaged index too: search, which can tell,
+    says so itself.)"""
     if not isinstance(error, sqlite3.DatabaseError):
         return None
     named, text = named or f"the database file {path}", str(error).lower()
-    if getattr(error, "sqlite_errorcode", None) == CORRUPT_VTAB or (
-            "vtable constructor failed" in text and "_fts" in text):
-        return StoreError("the search index is damaged", hint=REPAIR_HINT)
     if "unable to open" in text and descriptors_run_out():
         return StoreError(f"too many open files: {named} (or a temporary file) could not be "
                           f"opened ({error})",
