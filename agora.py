@@ -1786,6 +1786,8 @@ class Parker:
                     if key.fileobj is self.bell:
                         with contextlib.suppress(OSError):
                             self.bell.recv(4096)
+                    elif not self._keeps(key.data):
+                        continue        # let go by an event before it in this batch
                     elif isinstance(key.data, Waiter):
                         self._safely(self._look, key.data)
                     else:
@@ -1799,6 +1801,12 @@ class Parker:
                     due, batch = due[batch:], min(2 * batch, ANSWER_BATCH)
             except Exception:           # a bug of the parker's own: said, and on
                 report_bug("the parker")
+
+    def _keeps(self, kept):
+        """Answer whether KEPT (a Waiter, or an IDLE or WRITING handler) is still kept here."""
+        kept_in = self.waiters if isinstance(kept, Waiter) else self.idle
+        return kept_in.get(kept.handler.connection if isinstance(kept, Waiter)
+                           else kept.connection) is kept
 
     def _safely(self, step, kept, *args):
         """Do STEP(KEPT, *ARGS) for one kept connection; should it fail (a bug, said), let
@@ -1929,17 +1937,16 @@ class Parker:
         """Close a kept connection, the one way one leaves but to a thread: what its answer
         handed over and was not written whole is taken back (a parked wait's, or the rest
         of an answer), and a wait's long-poll is given back."""
+        handler = kept.handler if isinstance(kept, Waiter) else kept
+        line = handler.handing if handler.parked is WRITING else None
         if isinstance(kept, Waiter):
-            handler, line = kept.handler, kept.line
-            if self.waiters.get(handler.connection) is kept:
+            line = kept.line
+            if self._keeps(kept):
                 self._remove(kept)
             if line.slot:
                 line.slot = False
                 self.store.watcher.long_poll_done(kept.caller.name)
-        else:
-            handler = kept
-            line = handler.handing if handler.parked is WRITING else None
-            self._forget(handler)
+        self._forget(handler)           # a waiter whose answer was being handed over too
         handler.parked, handler.unwritten, handler.handing = None, b"", None
         if line is not None:
             line.lost()
@@ -1992,8 +1999,8 @@ class Parker:
         elif not going_on:
             self._let_go(handler)
         elif not began and handler.rfile.data:
-            self._hold(handler, IDLE, self.selector.get_key(handler.connection).events,
-                       self.server.request_timeout)
+            import selectors
+            self._hold(handler, IDLE, selectors.EVENT_READ, self.server.request_timeout)
 
     def _to_thread(self, handler):
         self._forget(handler)
@@ -7911,7 +7918,7 @@ function pick(list, names, current, choose) {
 }
 
 async function loadChannels() {
-  const {channels} = await api("channels", {});
+  const {channels} = await api("channels", {limit: 200});
   fresh[channel] = 0;
   pick("#channel-list", channels.map((c) => [c.name, c.name + " (" + c.count + ")"]), channel,
        (name) => {

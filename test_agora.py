@@ -3842,6 +3842,24 @@ class AnswerFailureTest(ServerCase):
                                          posted)
                 self.server.quiet = True
 
+    def test_a_log_that_does_not_take_lines_drops_the_oldest_and_says_how_many(self):
+        taken, blocked = io.StringIO(), threading.Event()
+
+        class Slow(io.StringIO):
+            def write(self, text):
+                blocked.wait(10)
+                taken.write(text)
+        with unittest.mock.patch.object(agora, "LOG_BACKLOG", 3):
+            log = agora.RequestLog(Slow())
+            log.write("first\n")
+            self.assertTrue(until(lambda: not log.lines))  # in the stream's hands
+            for n in range(5):
+                log.write(f"line {n}\n")
+            blocked.set()
+            log.close()
+        self.assertEqual(taken.getvalue(), "first\nagora: 2 log lines dropped: the log did "
+                                           "not take them\nline 2\nline 3\nline 4\n")
+
     def test_no_thread_to_be_had_while_a_batch_is_answered_loses_nothing(self):
         socks = self.waiters(4, big=True)
         failing = unittest.mock.patch.object(threading.Thread, "start",
