@@ -3660,6 +3660,320 @@ class HeadTest(unittest.TestCase):
                 self.assertEqual(self.status(head), status)
 
 
+class SocketlessHandler(agora.RequestHandler):
+    """A connection as the Parker and Server.admit see it, without a server: the real
+    RequestHandler's reply and hang-up check on one end of a socket pair (CLIENT, the
+    other end, is what the client would read)."""
+
+    responses = {200: ("OK",)}
+    close_connection = False
+
+    def __init__(self, server, address="127.0.0.1"):
+        self.server, self.client_address = server, (address, 4242)
+        self.connection, self.client = socket.socketpair()
+        self.rfile = agora.Incoming(self.connection)
+
+    def finish(self):
+        """Nothing to let go but the socket, which the server closes."""
+
+
+class SocketlessServer:
+    """What the Parker asks of its server, recording what it admits and hangs up."""
+
+    request_timeout, idle_timeout, send_timeout = 10, 30, 30
+    quiet, stopping = True, False
+
+    def __init__(self, store):
+        self.store, self.admitted, self.hung_up = store, [], []
+
+    def admit(self, handler):
+        self.admitted.append(handler)
+
+    def hang_up(self, handler):
+        self.hung_up.append(handler)
+        handler.connection.close()
+
+    def date(self):
+        return "Thu, 01 Jan 2026 00:00:00 GMT"
+
+
+class ParkerTest(StoreCase):
+    """The Parker's rules, one test each, driven step by step on its own (no thread, no
+    listening socket): what a turn of its loop would do, called directly."""
+
+    def setUp(self):
+        super().setUp()
+        self.server = SocketlessServer(self.store)
+        with unittest.mock.patch.object(agora.Parker, "_run", lambda parker: None):
+            self.parker = agora.Parker(self.server, capacity=8)
+        self.addCleanup(self.parker.selector.close)
+        self.addCleanup(self.parker.bell.close)
+        self.addCleanup(self.parker.ringer.close)
+        self.handlers = []
+        self.addCleanup(lambda: [(h.connection.close(), h.client.close())
+                                 for h in self.handlers])
+
+    def handler(self, address="127.0.0.1"):
+        handler = SocketlessHandler(self.server, address)
+        self.handlers.append(handler)
+        return handler
+
+    def park(self, who, address="127.0.0.1", op="read", wait=30, **args):
+        """Park WHO's OP wait as the REST face parks one; answer its Waiter."""
+        agora.call(self.store, "brief", {}, agora.Caller(who, True))
+        handler = self.handler(address)
+        caller = agora.Caller(who, True, line=agora.Line(handler.client_listening, parks=True))
+        run = functools.partial(agora.call, self.store, op, dict(args, wait=wait), caller)
+        with self.assertRaises(agora.Parked) as parked:
+            agora.rest_answer(op, False, run)
+        waiter = agora.Waiter(handler, agora.find_route(f"/api/{op}"), caller,
+                              parked.exception, time.monotonic())
+        self.parker._add(waiter)
+        return waiter
+
+    def answered(self, handler):
+        """Answer the JSON of the answer HANDLER's client got (None: none yet)."""
+        handler.client.setblocking(False)
+        try:
+            data = handler.client.recv(1 << 20)
+        except BlockingIOError:
+            return None
+        return json.loads(data.split(b"\r\n\r\n", 1)[1])
+
+    def turn(self, news=True):
+        """Do what one turn of the Parker's loop does once the file changed."""
+        self.parker._answer(self.parker._due(news))
+
+    def test_a_wait_whose_client_hung_up_is_let_go_and_its_long_poll_given_back(self):
+        waiter = self.park("bob")
+        waiter.handler.client.close()
+        self.parker._look(waiter)               # the selector said the socket is readable
+        self.assertEqual(self.parker.waiters, {})
+        self.assertEqual(self.server.hung_up, [waiter.handler])
+        self.assertEqual(self.store.watcher._long_polls, {})
+
+    def test_news_runs_again_the_waits_of_those_who_hear_it_only(self):
+        bob, carol = self.park("bob"), self.park("carol")
+        ran = []
+        for waiter in (bob, carol):
+            rerun = waiter.rerun
+            waiter.rerun = functools.partial(lambda rerun, name: ran.append(name) or rerun(),
+                                             rerun, waiter.caller.name)
+        posted = agora.call(self.store, "post", {"to": "bob", "body": "for bob"},
+                            agora.Caller("alice", True)).body["id"]
+        self.turn()
+        self.assertEqual(ran, ["bob"])
+        self.assertEqual([m["id"] for m in self.answered(bob.handler)["messages"]], [posted])
+        self.assertIsNone(self.answered(carol.handler))
+        self.assertEqual(list(self.parker.waiters.values()), [carol])
+
+    def test_a_wait_whose_time_ran_out_is_answered_empty(self):
+        waiter = self.park("bob", wait=1)
+        waiter.line.deadline = 0.0
+        self.parker._time(waiter)
+        self.turn(news=False)
+        self.assertEqual(self.answered(waiter.handler)["messages"], [])
+        self.assertEqual(self.store.watcher._long_polls, {})
+
+    def test_an_idle_connection_is_let_go_once_its_time_runs_out(self):
+        self.server.idle_timeout = 0
+        handler = self.handler()
+        self.parker._keep_idle(handler)
+        self.assertIn(handler.connection, self.parker.idle)
+        self.turn(news=False)
+        self.assertEqual(self.server.hung_up, [handler])
+        self.assertEqual(self.parker.idle, {})
+
+    def test_a_whole_head_goes_to_a_thread_and_part_of_one_stays(self):
+        handler = self.handler()
+        self.parker._keep_idle(handler)
+        handler.client.sendall(b"GET /api HTTP/1.1\r\nHost: x\r\n")
+        self.parker._read_head(handler)
+        self.assertEqual(self.server.admitted, [])
+        self.assertLessEqual(handler.kept_until - time.monotonic(), 10)    # request_timeout
+        handler.client.sendall(b"\r\n")
+        self.parker._read_head(handler)
+        self.assertEqual(self.server.admitted, [handler])
+        self.assertEqual(self.parker.idle, {})
+
+    def test_past_its_share_a_remote_address_loses_its_longest_idle_connection(self):
+        remote = [self.handler("203.0.113.5") for _ in range(3)]
+        for handler in remote:
+            self.parker._keep_idle(handler)
+        self.assertEqual(self.server.hung_up, [remote[0]])     # a share of 8 // 4 = 2
+        self.assertEqual(self.parker.per_address, {"203.0.113.5": 2})
+
+    def test_past_its_share_a_remote_address_s_longest_wait_ends(self):
+        first, second, third = (self.park(f"r{n}", "203.0.113.5") for n in range(3))
+        self.assertEqual(first.line.deadline, 0.0)             # as if its time ran out
+        self.assertNotEqual(second.line.deadline, 0.0)
+        self.turn(news=False)
+        self.assertEqual(self.answered(first.handler)["messages"], [])
+        self.assertEqual(len(self.parker.waiters), 2)
+
+    def test_loopback_has_no_share(self):
+        waiters = [self.park(f"l{n}") for n in range(5)]
+        self.assertTrue(all(waiter.line.deadline for waiter in waiters))
+        self.assertEqual(self.parker.per_address, {})
+
+    def test_past_the_capacity_the_longest_wait_ends(self):
+        waiters = [self.park(f"c{n}") for n in range(9)]
+        self.assertEqual([w.line.deadline == 0.0 for w in waiters], [True] + [False] * 8)
+
+    def test_past_the_capacity_the_longest_idle_connection_closes_never_the_arriving(self):
+        handlers = [self.handler() for _ in range(9)]
+        for handler in handlers:
+            self.parker._keep_idle(handler)
+        self.assertEqual(self.server.hung_up, [handlers[0]])
+
+    def test_a_failed_answer_gives_its_delivery_back_and_the_next_is_answered(self):
+        bob, carol = self.park("bob"), self.park("carol")
+        failing = bob.handler.reply
+
+        def reply(*args, **kwargs):
+            raise RuntimeError("a bug while answering")
+        bob.handler.reply = reply
+        posted = agora.call(self.store, "post", {"body": "to all"},
+                            agora.Caller("alice", True)).body["id"]
+        with unittest.mock.patch.object(sys, "stderr", io.StringIO()) as said:
+            self.turn()
+        self.assertIn("a bug in the parker", said.getvalue())
+        self.assertEqual([m["id"] for m in self.answered(carol.handler)["messages"]], [posted])
+        self.assertIn(bob.handler, self.server.hung_up)
+        bob.handler.reply = failing
+        again = agora.call(self.store, "read", {}, agora.Caller("bob", True)).body["messages"]
+        self.assertEqual([m["id"] for m in again], [posted])
+
+    def test_an_answer_is_final_only_once_written_whole(self):
+        waiter = self.park("bob")
+        waiter.handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        posted = [agora.call(self.store, "post", {"to": "bob", "body": f"{n} " + "x" * 16000},
+                             agora.Caller("alice", True)).body["id"] for n in range(8)]
+        self.turn()
+        self.assertIs(waiter.handler.parked, agora.WRITING)
+        waiter.handler.client.close()           # the client resets before taking the rest
+        self.parker._write_rest(waiter.handler)
+        self.assertEqual(self.parker.idle, {})
+        again = agora.call(self.store, "read", {}, agora.Caller("bob", True)).body["messages"]
+        self.assertEqual([m["id"] for m in again], posted)
+
+    def test_an_answer_to_a_client_that_gave_up_is_taken_back_unsent(self):
+        handler, taken_back = self.handler(), []
+        line = agora.Line(handler.client_listening)
+        line.on_lost(lambda: taken_back.append("undone"))
+        handler.client.shutdown(socket.SHUT_WR)     # gives up; could still read
+        handler.reply(agora.HttpAnswer(200, b"{}"), None, agora.Caller("bob", True, line=line),
+                      time.monotonic(), at_once=True)
+        self.assertEqual(taken_back, ["undone"])
+        self.assertIsNone(self.answered(handler))
+
+    def test_a_wait_whose_client_gave_up_runs_no_more(self):
+        waiter = self.park("bob")
+        posted = agora.call(self.store, "post", {"to": "bob", "body": "to nobody"},
+                            agora.Caller("alice", True)).body["id"]
+        waiter.handler.client.shutdown(socket.SHUT_WR)  # gives up; could still read
+        taken_back, lose = [], agora.Line.lost
+        with unittest.mock.patch.object(agora.Line, "lost", lambda line: (
+                taken_back.extend(line.undo), lose(line))):
+            self.turn()
+        self.assertEqual(taken_back, [])        # nothing was handed over to take back
+        again = agora.call(self.store, "read", {}, agora.Caller("bob", True)).body["messages"]
+        self.assertEqual([m["id"] for m in again], [posted])
+
+    def test_a_connection_let_go_earlier_in_a_batch_is_skipped(self):
+        waiter = self.park("bob")
+        self.parker._let_go(waiter)
+        self.assertFalse(self.parker._keeps(waiter))
+        self.assertEqual(self.server.hung_up, [waiter.handler])
+
+
+class AdmissionRulesTest(unittest.TestCase):
+    """Server.admit, the one admission of every request a thread serves, on its own: no
+    listening socket, no thread started."""
+
+    def setUp(self):
+        class NoListener:
+            def __init__(self, address, handler):
+                self.server_address = address
+
+            def shutdown_request(self, request):
+                request.close()
+        store = agora.Store(os.path.join(temp_dir(self), "agora.db"))
+        self.addCleanup(store.close)
+        self.server = type("SocketlessServer", (agora.Server, NoListener), {})(
+            ("127.0.0.1", 0), None, store, max_connections=3, max_per_address=1, max_queued=4)
+        self.server.log = agora.RequestLog(io.StringIO())
+        self.started = []
+        self.server._start = self.started.append
+        self.handlers = []
+
+    def admit(self, address="127.0.0.1"):
+        handler = SocketlessHandler(self.server, address)
+        self.addCleanup(handler.client.close)
+        self.addCleanup(handler.connection.close)
+        self.server.admit(handler)
+        return handler
+
+    def refused(self, handler):
+        handler.client.settimeout(1)
+        return handler.client.recv(100).startswith(b"HTTP/1.1 503")
+
+    def reap_once(self):
+        """Do one look of the watchdog."""
+        rounds = iter((False, True))
+        self.server.watchdog_stop = unittest.mock.Mock(wait=lambda _: next(rounds))
+        self.server._reap()
+
+    def test_within_the_limits_a_request_is_served_at_once(self):
+        served = [self.admit(), self.admit("203.0.113.5")]
+        self.assertEqual(self.started, served)
+
+    def test_past_max_connections_a_request_waits_for_a_freed_slot(self):
+        served = [self.admit() for _ in range(3)]
+        waiting = self.admit()
+        self.assertEqual(self.started, served)
+        self.server.hang_up(served[0])
+        self.assertEqual(self.started, served + [waiting])
+
+    def test_past_its_share_a_remote_address_waits_and_loopback_does_not(self):
+        remote = self.admit("203.0.113.5")
+        again, local = self.admit("203.0.113.5"), self.admit()
+        self.assertEqual(self.started, [remote, local])
+        self.server.hang_up(remote)
+        self.assertEqual(self.started, [remote, local, again])
+
+    def test_a_full_queue_refuses_at_once(self):
+        for _ in range(3 + 4):
+            self.admit()
+        self.assertTrue(self.refused(self.admit()))
+        self.assertEqual(len(self.server.queued), 4)
+
+    def test_a_request_waiting_past_slot_wait_while_no_slot_was_taken_is_refused(self):
+        for _ in range(3):
+            self.admit()
+        waiting = self.admit()
+        self.server.admitted -= self.server.slot_wait
+        self.server.queued[0] = (waiting, time.monotonic() - self.server.slot_wait)
+        self.reap_once()
+        self.assertTrue(self.refused(waiting))
+        self.assertEqual(self.server.queued, [])
+
+    def test_a_request_waiting_while_slots_are_taken_waits_on(self):
+        for _ in range(3):
+            self.admit()
+        waiting = self.admit()
+        self.server.queued[0] = (waiting, time.monotonic() - self.server.slot_wait)
+        self.reap_once()                        # a slot was taken just now: not stuck
+        self.assertEqual(self.server.queued[0][0], waiting)
+
+    def test_a_remote_address_holding_its_share_is_refused_after_slot_wait(self):
+        self.admit("203.0.113.5")
+        waiting = self.admit("203.0.113.5")
+        self.server.queued[0] = (waiting, time.monotonic() - self.server.slot_wait)
+        self.reap_once()
+        self.assertTrue(self.refused(waiting))
+
+
 class HangUpTest(ServerCase):
     """A long-poll whose client hangs up while it waits delivers nothing, and tells nothing:
     what comes meanwhile comes to the next read (a hang-up, then a post, then a read)."""
