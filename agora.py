@@ -24,43 +24,36 @@ Run it::
 
 The database is ``--db PATH``, else ``$AGORA_DB``, else ``~/.agora/agora.db``.
 
-The file, top to bottom (each part builds on what comes before it, but for the
-Store's group commit, which the Runtime defines beside the other ways writes run, and
-its Watcher, which Waiting defines; follow_up, which posts through call(); the Parker,
-which drives the HTTP handlers and admission it is given; and the inert data, last):
+The file, top to bottom; each part builds on those before it, but for the Store's group
+commit (in Runtime) and Watcher (in Waiting), follow_up (it posts through call()), the
+Parker (it drives the HTTP handlers and admission it is given) and the inert data, last:
 
     Constants and schema   limits, name rules, the SQL schema and its migrations
     Errors                 AgoraError and its classes, each with its HTTP status; what
                            SQLite says of the file itself, told plainly (file_problem)
     JSON on the wire       strict parsing, compact encoding
     Store                  the SQLite file: pooled connections, transactions, changes
-    Runtime                how an operation runs: the caller, the group commit, perform,
-                           the writer thread
+    Runtime                how an operation runs: caller, group commit, perform, writer
     Waiting                one wait traced; the Line and long-polls (wait_for), the
-                           file's Watcher, who hears a message, the Parker (waits,
-                           heads and answers without a thread)
-    Operation catalog      Operation and the argument rules; each domain's rules
-                           (text for a model, when time runs out, messages, tasks,
-                           news, notes, reservations); the handlers (agents,
-                           channels, news, tasks, notes, reservations)
+                           Watcher, who hears a message, the Parker (no thread per wait)
+    Operation catalog      Operation and the argument rules; each domain's rules (text
+                           for a model, when time runs out, messages, tasks, news, notes,
+                           reservations); the handlers, domain by domain
     Dispatch               validation from the schema, identity, call()
     JSON-RPC, MCP, A2A     the envelope the two share, and each protocol over call()
     HTTP                   the faces (REST, MCP, A2A, the card, the page), framing,
                            the request log, the server and its admission
     stdio, Remote          MCP on stdin/stdout; the CLI and the bridge to a server
-    Command line           the launcher every written command runs, and install;
-                           backup and check; waking (hooks, wait, the channel);
-                           the git guard; serve; the table of commands, the parser;
-                           main
+    Command line           the launcher and install; backup and check; waking (hooks,
+                           wait, the channel); the git guard; serve; the commands; main
     Web                    the page's HTML, CSS and script (inert data)
     OpenCode's plugin      agora's hooks as the plugin hook install writes (inert data)
 """
 
 import sys
 
-# Run as a script (python3 agora.py), Python puts the file's own folder first on
-# sys.path, where a json.py beside a copy of agora in a shared folder would be imported
-# in place of the standard library's. Nothing agora imports lives there.
+# Run as a script, Python puts this file's folder first on sys.path, where a json.py beside
+# agora in a shared folder would shadow the standard library's; agora imports nothing there.
 if __name__ == "__main__" and not (sys.flags.isolated or getattr(sys.flags, "safe_path", 0)):
     del sys.path[0]
 
@@ -68,6 +61,7 @@ import contextlib
 import collections
 import errno
 import functools
+import heapq
 import json
 import os
 import re
@@ -207,9 +201,8 @@ CREATE TABLE note_revisions (
 ) WITHOUT ROWID;
 """
 
-# Full-text indexes over the tables above (external content, kept by triggers; the
-# messages' by each commit since schema 9). Created only where SQLite has FTS5;
-# search falls back to LIKE elsewhere.
+# Full-text indexes over the tables above (external content, kept by triggers; the messages'
+# by each commit since schema 9), created only where SQLite has FTS5: else search uses LIKE.
 FTS_SCHEMA = """
 CREATE VIRTUAL TABLE messages_fts USING fts5(body, content='messages', content_rowid='id');
 CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
@@ -230,9 +223,8 @@ CREATE TRIGGER notes_fts_update AFTER UPDATE OF body ON notes BEGIN
 END;
 """
 
-# Schema upgrades: MIGRATIONS[n] is the SQL that turns version n into n + 1.
-# A new file gets SCHEMA (version 1) and then every migration, so each one runs
-# on every new file too.
+# Schema upgrades: MIGRATIONS[n] is the SQL that turns version n into n + 1. A new file gets
+# SCHEMA (version 1) and then every migration, so each one runs on every new file too.
 MIGRATIONS = {
     # The A2A face's own record of a board task: the client's context and the
     # message that created it, and the messages sent about it later.
@@ -374,11 +366,10 @@ INDEXED_UPTO_NEWEST = f"UPDATE counters SET value = ({NEWEST_MESSAGE}) WHERE nam
 class AgoraError(Exception):
     """A refusal an agent can read and act on: a sentence, a hint, extra fields.
 
-    Handlers raise it and every face catches it, then maps the class to its own
-    wire form in one place: REST uses ``status``, MCP ``isError``, A2A a JSON-RPC
-    code, the CLI exit status 1. That is a Refusal, the answer to the request; an
-    Unauthorized caller gets no answer but the transport's (HTTP 401), so a face
-    that answers refusals in its own terms catches Refusal and leaves it be.
+    Every face maps the class to its wire form in one place: REST uses ``status``, MCP
+    ``isError``, A2A a JSON-RPC code, the CLI exit status 1. A Refusal answers the
+    request; an Unauthorized caller gets only the transport's answer (HTTP 401), so a
+    face that answers refusals in its own terms catches Refusal and leaves it be.
     """
 
     status = 500
@@ -434,7 +425,6 @@ class Conflict(Refusal):
 
 class StoreError(Refusal):
     """The database file cannot be used."""
-    status = 500
 
 
 class Unavailable(StoreError):
@@ -452,7 +442,6 @@ class OutcomeUnknown(StoreError):
 
 class InternalError(Refusal):
     """A bug in agora: the traceback went to the log, the caller gets a sentence."""
-    status = 500
 
 
 class Unreachable(AgoraError):
@@ -460,11 +449,10 @@ class Unreachable(AgoraError):
     status = 502
 
 
-# What SQLite says when the file itself is at fault, not agora: told plainly.
+# What SQLite says when the file itself is at fault, not agora, told plainly. A read that
+# fails in the disk can look like damage: only `check`, reading the file again, says so.
 ON_SUSPECTED_DAMAGE = ("try again: a read the disk failed once passes; if it goes on, "
                        "`agora check` says whether the file is damaged")
-# A read that fails in the disk can look like damage to SQLite: only `check`, which reads
-# the file again, calls it damaged.
 FILE_PROBLEMS = (
     ("malformed", "could not be read", ON_SUSPECTED_DAMAGE),
     ("not a database", "could not be read", ON_SUSPECTED_DAMAGE),
@@ -507,13 +495,11 @@ REPAIR_HINT = "agora check --repair rebuilds it from the messages, tasks and not
 
 def file_problem(path, error, named=None):
     """Answer a StoreError for a fault of the database file at PATH (an sqlite3 ERROR), or
-    None for anything else; NAMED is how the answer names the file (by default "the
-    database file PATH"; a server names no path to its remote callers). What SQLite calls
-    an I/O error or a file it cannot open is told by its cause when agora can find it:
-    no descriptor left (a crowd of connections), no space left on the disk (SQLite must
-    create its -wal and -shm); both pass by themselves once the cause is gone. (A read
-    that fails in the disk can look like a damaged index too: search, which can tell,
-    says so itself.)"""
+    None for anything else; NAMED names the file (by default "the database file PATH": a
+    server names no path to its remote callers). An I/O error or a file SQLite cannot open
+    is told by its cause when agora finds it: no descriptor left, or no space left on the
+    disk (for the -wal and -shm); both pass once the cause is gone. (A damaged index,
+    which a failed read can look like too, search tells itself.)"""
     if not isinstance(error, sqlite3.DatabaseError):
         return None
     named, text = named or f"the database file {path}", str(error).lower()
@@ -539,10 +525,8 @@ def file_problem(path, error, named=None):
 ###############################################################################
 
 def parse_json(data):
-    """Decode strict JSON: no NaN/Infinity, no integers past 64 bits, no deep nesting.
-
-    Raises ValueError with a short reason.
-    """
+    """Decode strict JSON (no NaN/Infinity, integers past 64 bits or deep nesting), or raise
+    ValueError with a short reason."""
     def refuse_constant(name):
         raise ValueError(f"{name} is not JSON")
 
@@ -620,10 +604,8 @@ def _flock(fd, exclusive):
 def private_file(path):
     """Create PATH empty and owner-only (0600) unless it exists; an existing file keeps its
     mode. SQLite gives a database's -wal and -shm files the database file's mode."""
-    try:
+    with contextlib.suppress(OSError):  # it exists, or SQLite will say in its own words why not
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except OSError:         # it exists, or SQLite will say in its own words why it cannot
-        pass
 
 
 def hash_token(token):
@@ -646,13 +628,11 @@ def allocate_shm(path):
     """Allocate the -shm beside the file at PATH (SHM_RESERVE at least) where the disk's
     blocks are smaller than a memory page; answer its descriptor, or None elsewhere.
 
-    SQLite grows the -shm by writing one byte per page and maps it: where a block is
-    smaller than a page (ext4 made with 1 KiB blocks), the rest of each page stays a
-    hole, and the first write into a hole on a full disk kills the process with SIGBUS,
-    no word said. Allocated, the -shm has no hole. The descriptor stays open until the
-    store's connections are closed: closing any descriptor of a file drops this
-    process's locks on it, SQLite's among them. A disk without room is refused here,
-    where it can be said (OSError)."""
+    SQLite grows the -shm one byte per page and maps it: with blocks smaller than a page
+    (ext4 with 1 KiB blocks), each page keeps a hole, and the first write into a hole on a
+    full disk kills the process with SIGBUS. The descriptor stays open until the store's
+    connections close: closing any descriptor of a file drops this process's locks on it,
+    SQLite's too. A disk without room is refused here, where it can be said (OSError)."""
     shm = path + "-shm"
     if not hasattr(os, "posix_fallocate"):          # macOS, Windows: nothing to do
         return None
@@ -672,74 +652,62 @@ def allocate_shm(path):
 
 
 class Store:
-    """The SQLite file: pooled connections, transactions and change signals.
-
-    Many processes may share one file (WAL, synchronous=FULL, a busy timeout),
-    and every read-modify-write runs in one BEGIN IMMEDIATE transaction.
-    """
+    """The SQLite file: pooled connections, transactions and change signals. Many processes
+    may share one file (WAL, synchronous=FULL, a busy timeout), and every read-modify-write
+    runs in one BEGIN IMMEDIATE transaction."""
 
     def __init__(self, path, join_key=None, fts=True):
         self.path = path
         self.join_key = join_key
-        self._pool = []
-        self._pool_lock = threading.Lock()
+        self._pool, self._pool_lock = [], threading.Lock()
         self.watcher = Watcher(self)    # who waits on the file, and what wakes them
-        # Writers of this process queue here: SQLite's busy handler would make
-        # them sleep for milliseconds whenever another thread holds the lock.
+        # Writers of this process queue here, not in SQLite's busy handler's millisecond naps
         self.group_commit = GroupCommit(self._acquire, self._release, self.watcher.signal,
                                         self._before_commit, self.problem)
         self.named = None           # how answers name the file (None: by its path)
         self._index_verdict = (None, False)     # (marks, whether only the index is damaged)
-        self._seen_due, self._seen_lock = {}, threading.Lock()
-        self._seen_written = {}
+        self._seen_due, self._seen_written, self._seen_lock = {}, {}, threading.Lock()
         self._tokens, self._tokens_mark, self._tokens_looked = {}, None, float("-inf")
         self.token_marker = os.path.realpath(path) + "-tokens"
         self.writer = None          # a server's Writer: its writes run on that one thread
         self._closed = False
-        self._shm = None            # allocate_shm's descriptor, where it keeps one
         private_file(path)
         con = self.connect()
         try:
             self._migrate(con, fts)
             self.fts = bool(con.execute(
                 "SELECT 1 FROM sqlite_master WHERE name = 'messages_fts'").fetchone())
-        except sqlite3.Error as error:      # a disk that fails as the file is set up
+            self._shm = allocate_shm(path)     # its descriptor, where it keeps one
+        except BaseException as error:
             con.close()
-            raise file_problem(path, error) or StoreError(f"cannot use {path}: {error}") \
-                from None
-        except BaseException:
-            con.close()
+            if isinstance(error, sqlite3.Error):    # a disk that fails as the file is set up
+                raise self.problem(error) or StoreError(f"cannot use {path}: {error}") from None
+            if isinstance(error, OSError):          # allocate_shm: no room on the disk
+                raise no_space(path, error.strerror) from None
             raise
-        try:
-            self._shm = allocate_shm(path)
-        except OSError as error:
-            con.close()
-            raise no_space(path, error.strerror) from None
         self._release(con)
 
     def connect(self):
         """Open a connection to the file as agora uses it (WAL, synchronous=FULL)."""
+        named = self.named or self.path
         try:
             con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT,
                                   isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
-            raise self.problem(e) or StoreError(f"cannot open {self.named or self.path}: {e}") \
-                from None
+            raise self.problem(e) or StoreError(f"cannot open {named}: {e}") from None
         try:
             con.row_factory = sqlite3.Row
             con.execute("PRAGMA journal_mode = WAL")
             con.execute("PRAGMA synchronous = FULL")
         except sqlite3.DatabaseError as e:
             con.close()
-            raise self.problem(e) or StoreError(f"cannot use {self.named or self.path}: {e}") \
-                from None
+            raise self.problem(e) or StoreError(f"cannot use {named}: {e}") from None
         return con
 
     def only_index_damaged(self, db):
-        """Answer whether, a full-text search having failed on DB, the file's pages read
-        whole (PRAGMA quick_check): then what is damaged is the index, which check --repair
-        rebuilds. Asked again only once the file has changed, so a search that fails again
-        costs no second look at every page."""
+        """Answer whether, a full-text search having failed on DB, the file's pages read whole
+        (PRAGMA quick_check), so only the index is damaged (check --repair rebuilds it).
+        Asked again only once the file changed: a search failing again costs no second check."""
         marks = self.watcher.marks()
         if self._index_verdict[0] != marks:
             self._index_verdict = (marks, db.execute("PRAGMA quick_check(1)").fetchone()[0]
@@ -756,9 +724,8 @@ class Store:
         try:
             version = con.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path} was written by a newer agora (schema {version}; "
-                    f"this agora.py knows {SCHEMA_VERSION}): upgrade agora.py")
+                raise StoreError(f"{self.path} was written by a newer agora (schema {version}; "
+                                 f"this agora.py knows {SCHEMA_VERSION}): upgrade agora.py")
             if version == 0:
                 # a replicator may get there first (Litestream keeps _litestream_ tables)
                 if con.execute("SELECT count(*) FROM sqlite_master WHERE name NOT LIKE "
@@ -778,17 +745,14 @@ class Store:
             raise
 
     def _create(self, con, fts):
-        for statement in sql_statements(SCHEMA):
-            con.execute(statement)
         if fts:
             try:
                 con.execute("CREATE VIRTUAL TABLE temp.fts5_probe USING fts5(x)")
                 con.execute("DROP TABLE temp.fts5_probe")
             except sqlite3.OperationalError:
                 fts = False
-        if fts:
-            for statement in sql_statements(FTS_SCHEMA):
-                con.execute(statement)
+        for statement in sql_statements(SCHEMA + (FTS_SCHEMA if fts else "")):
+            con.execute(statement)
         now = int(time.time())
         con.execute("INSERT INTO agents (name, about, created, seen) VALUES (?, ?, ?, ?)",
                     (SYSTEM_SENDER, "the board itself", now, now))
@@ -812,22 +776,17 @@ class Store:
 
     @contextlib.contextmanager
     def transaction(self, write=False):
-        """Yield a connection inside one transaction; an IMMEDIATE one when WRITE.
-
-        Writes are group-committed (GroupCommit): the block returns once its
-        write is on disk. Inside a write block, any transaction of the same
-        thread joins it.
-        """
+        """Yield a connection inside one transaction; an IMMEDIATE one when WRITE, which is
+        group-committed (GroupCommit): the block returns once its write is on disk. Inside
+        a write block, any transaction of the same thread joins it."""
         if write:
             with self.group_commit.block() as con:
                 yield con
             return
-        con = self.group_commit.connection()
-        if con is not None:
-            yield con
-            return
-        con = self._acquire()
-        try:
+        with self.autocommit() as con:
+            if con is self.group_commit.connection():   # this thread's open write: read it
+                yield con
+                return
             con.execute("BEGIN")
             try:
                 yield con
@@ -836,8 +795,6 @@ class Store:
                     con.execute("ROLLBACK")
                 raise
             con.execute("COMMIT")
-        finally:
-            self._release(con)
 
     @contextlib.contextmanager
     def autocommit(self):
@@ -860,14 +817,12 @@ class Store:
     def agent_for_token(self, token):
         """Answer the agent name that holds TOKEN, or None.
 
-        Names are cached by token hash. Every rotation, in any process on the
-        file, grows the file's token marker by a byte (token_rotation), and a
-        marker that is not as it was empties the cache once that rotation is
-        committed. One look at the marker (a stat(), which lets the other threads
-        run, the dearest step of a request under load) serves the process for
-        TOKEN_LOOK seconds from just before it, and a rotation is answered only
-        once twice that has passed since its marker grew: so a rotated token
-        stops working at the very next request after the rotation is answered.
+        Names are cached by token hash. Every rotation, in any process on the file, grows
+        the token marker by a byte (token_rotation); a marker not as it was empties the
+        cache once that rotation is committed. One look at the marker (a stat(), the
+        dearest step of a request under load) serves the process for TOKEN_LOOK seconds
+        from just before it, and a rotation is answered only once twice that has passed
+        since its marker grew: so a rotated token stops working at the very next request.
         """
         looked = time.monotonic()
         if looked - self._tokens_looked >= TOKEN_LOOK:
@@ -895,12 +850,10 @@ class Store:
         """Hold the file's token marker while a token is rotated, having grown it first.
 
         Servers trust their cached token lookups while the marker stays as it was
-        (agent_for_token). It grows before the rotation commits, so a join that
-        cannot write it fails with nothing changed; and it stays locked until the
-        commit is done, so a server that saw it grow looks tokens up again only
-        once the rotation is on disk. (Where there is no flock, only the first holds.)
-        It returns only once every look at the marker taken before it grew is out of
-        date (agent_for_token).
+        (agent_for_token). It grows before the rotation commits, so a join that cannot write
+        it fails with nothing changed; it stays locked until the commit is done, so a server
+        that saw it grow looks tokens up again only once the rotation is on disk (without
+        flock, only the first holds); and it returns once every earlier look is out of date.
         """
         try:
             marker = os.open(self.token_marker, os.O_WRONLY | os.O_APPEND | os.O_CREAT
@@ -933,11 +886,9 @@ class Store:
             os.close(marker)
 
     def touch(self, name, now):
-        """Record that NAME was active at NOW (at most every SEEN_THROTTLE s).
-
-        It is written by the next commit of this process (a write op's own, so a
-        one-shot CLI write pays one fsync), or when the store closes.
-        """
+        """Record that NAME was active at NOW (at most every SEEN_THROTTLE s), for the next
+        commit of this process to write (a write op's own, so a one-shot CLI write pays one
+        fsync) or else close()."""
         if now - self._seen_written.get(name, -SEEN_THROTTLE) < SEEN_THROTTLE:
             return
         self._seen_written[name] = now
@@ -957,9 +908,8 @@ class Store:
     def close(self):
         """Write what touch still holds, close every connection; later use raises StoreError."""
         if self._seen_due and not self._closed:
-            with contextlib.suppress(AgoraError, sqlite3.Error):
-                with self.transaction(write=True):
-                    pass                # the commit writes the seen times
+            with contextlib.suppress(AgoraError, sqlite3.Error), self.transaction(write=True):
+                pass                # the commit writes the seen times
         self.watcher.closed = True
         with self._pool_lock:
             self._closed = True
@@ -976,30 +926,24 @@ class Store:
 ###############################################################################
 
 # How an operation runs (Operation.runs; perform says what each means):
-ON_WRITER = "writer"        # on the server's writer thread, in a turn shared with other
-                            # writes and one commit (Writer); elsewhere as OWN_TURN
+ON_WRITER = "writer"        # in a turn of the server's writer thread; elsewhere as OWN_TURN
 OWN_TURN = "own turn"       # on its caller's thread, writing in a turn of its own
 AS_READ = "read"            # on its caller's thread, reading a snapshot; it writes nothing
 
 Caller = namedtuple("Caller", "name asserted token line", defaults=(None, False, None, None))
 Caller.__doc__ = """Who is calling: NAME, and how we know.
 
-ASSERTED: the name was asserted by whoever started this process (the CLI's
---as, stdio, the A2A guest): the file is the trust boundary. Otherwise the
-caller is whoever holds TOKEN (None: no token was sent). LINE, where a face
-answers over a connection it can lose, is that request's Line.
-"""
+ASSERTED: the name was asserted by whoever started this process (the CLI's --as, stdio,
+the A2A guest), the file being the trust boundary; else the caller is whoever holds TOKEN
+(None: none was sent). LINE: the request's Line, where a face can lose its connection."""
 
-# Whoever runs agora on its file without naming an agent: it may only join (and rotate
-# any agent's token).
+# Whoever runs agora on its file naming no agent: it may only join (and rotate any token).
 OPERATOR = Caller(None, True)
-
 
 # What a retry does after "may or may not have been saved" (OutcomeUnknown): each write's
 # own words are its catalog entry's RETRY; these serve the rest.
 RETRY_AFTER_UNKNOWN = "look whether it took before doing it again"
 RETRY_SAFE = "doing it again is safe: twice ends as once"
-
 
 ROLLED_BACK = "SQLite rolled the transaction back"     # told when its cause is not known
 
@@ -1016,24 +960,21 @@ class _Batch:
 class GroupCommit:
     """The write blocks of one process, sharing transactions and their commits.
 
-    Invariant: the thread that holds ``lock`` owns the open transaction (``batch``,
-    None when none is open) and nobody else touches it. Every block runs in its
-    own savepoint, so a block that fails is undone alone and the others' writes
-    stand. When a block ends and other writers are queued (and the batch is not
-    full), its thread hands the lock on with the transaction still open;
-    otherwise it commits. A writer returns only once the commit that holds its
-    block is done, so an answered write is on disk and one fsync serves many
-    writers; when that commit fails (or SQLite aborted the transaction itself),
-    every block of the batch gets the error. A block opened inside a block of
-    the same thread is a savepoint of the same transaction.
+    Invariant: the thread that holds ``lock`` owns the open transaction (``batch``, None
+    when none is open) and nobody else touches it. Every block runs in its own savepoint,
+    so a block that fails is undone alone; a block inside a block of the same thread is a
+    savepoint of the same transaction. When a block ends and other writers are queued (and
+    the batch is not full), its thread hands the lock on with the transaction still open;
+    otherwise it commits. A writer returns only once the commit that holds its block is
+    done, so an answered write is on disk and one fsync serves many writers; when that
+    commit fails (or SQLite aborted the transaction itself), every block of it gets the error.
     """
 
     def __init__(self, acquire, release, on_commit, before_commit, describe):
         self.describe = describe        # an sqlite3 error -> its StoreError, or None
         self.acquire, self.release = acquire, release
         self.on_commit, self.before_commit = on_commit, before_commit
-        self.lock = threading.Lock()
-        self.queue_lock = threading.Lock()
+        self.lock, self.queue_lock = threading.Lock(), threading.Lock()
         self.queued = 0             # writers waiting for the lock
         self.batch = None
         self.owner = None           # the thread that holds the lock
@@ -1045,10 +986,8 @@ class GroupCommit:
     @contextlib.contextmanager
     def block(self):
         """Yield the connection of the open transaction, inside a savepoint of its own."""
-        if self.owner == threading.get_ident():
-            yield from self._savepoint(self.batch)
-            return
-        with self.turn() as batch:
+        inside = self.owner == threading.get_ident()    # a block of this thread's turn
+        with contextlib.nullcontext(self.batch) if inside else self.turn() as batch:
             yield from self._savepoint(batch)
 
     @contextlib.contextmanager
@@ -1149,10 +1088,9 @@ class GroupCommit:
 
 
 def report_bug(where):
-    """Write the exception being handled, and WHERE it happened, to stderr: never raising,
-    so that the threads that must live on (the writer, the parker) can report through
-    it. Its traceback module is imported when a server starts, while descriptors are to
-    be had; lacking one, the exception is said in one line."""
+    """Write the exception being handled, and WHERE it happened, to stderr, never raising:
+    the threads that must live on (the writer, the parker) report through it. A server
+    imports traceback as it starts, while descriptors are to be had; else, one line."""
     error = sys.exc_info()[1]       # taken now: a failure below would be handled instead
     try:
         import traceback
@@ -1164,10 +1102,9 @@ def report_bug(where):
 
 
 def bug_refusal(where, operation=None):
-    """Report the bug being handled, which happened in WHERE (report_bug), and answer what
-    its caller is told instead, naming the OPERATION it broke if any: the one
-    InternalError every kind of answer (a refusal, JSON-RPC's -32603, HTTP's 500) is
-    made from."""
+    """Report the bug being handled, which happened in WHERE (report_bug), and answer the
+    InternalError its caller is told instead (naming the OPERATION it broke, if any),
+    which every kind of answer (a refusal, JSON-RPC's -32603, HTTP's 500) is made from."""
     report_bug(where)
     return InternalError(f"internal error{f' in {operation}' if operation else ''}; "
                          "the server log has details")
@@ -1177,19 +1114,15 @@ def perform(store, op, args, caller, now):
     """Run operation OP for CALLER, who was checked, with ARGS, which were validated.
 
     The ways an operation runs (its catalog entry's RUNS and WAITS; call() decides):
-    - ON_WRITER, on a server: the writer thread runs it in a turn it shares with the
-      other writes queued meanwhile (Writer). Its store.transaction(write=True) blocks
-      are savepoints of the turn's one transaction, and the turn commits once before
-      any of its requests is answered; a read-only transaction() or autocommit() in it
-      reads that same transaction, so it sees the turn's writes.
+    - ON_WRITER, on a server: on the writer thread, in a turn shared with the writes
+      queued meanwhile (Writer), whose reads (transaction(), autocommit()) see its writes.
     - OWN_TURN (and ON_WRITER where no writer runs: the CLI, stdio): on the caller's
-      thread. Each write block joins the group commit (GroupCommit), a savepoint too,
-      and returns once its commit is done; what it works out at length beforehand it
-      reads outside any transaction (autocommit) and checks again in the block.
+      thread, each write block joining the group commit (GroupCommit); what it works out
+      at length beforehand it reads in autocommit() and checks again in the block.
     - AS_READ: on the caller's thread, in a transaction() that only reads (a snapshot).
     - A long-poll (WAITS given): on the caller's thread, each attempt its own write
-      block, waiting between them (wait_for) -- on a server parked without a thread
-      (Parker), run again on the parker's thread, many waiters' attempts in one turn.
+      block, waiting between them (wait_for); on a server, parked without a thread
+      (Parker) and run again on the parker's thread, many waiters' attempts in one turn.
     """
     if caller.name is not None:
         store.touch(caller.name, now)
@@ -1197,13 +1130,11 @@ def perform(store, op, args, caller, now):
 
 
 def fault_refusal(store, where, operation=None):
-    """Answer the refusal a caller is told of the unexpected exception being handled, which
-    happened in WHERE (in OPERATION, if any): a fault of STORE's file as Store.problem
-    tells it, anything else a bug, its traceback on stderr (bug_refusal). Every place
-    that turns an exception into an answer asks this one -- call, the writer, JSON-RPC
-    (MCP, A2A), the HTTP faces -- so every face says the same of the same fault."""
-    problem = store.problem(sys.exc_info()[1])
-    return problem if problem is not None else bug_refusal(where, operation)
+    """Answer the refusal a caller is told of the unexpected exception being handled (in
+    WHERE, in OPERATION if any): a fault of STORE's file as Store.problem tells it, else a
+    bug (bug_refusal). Every place that turns an exception into an answer (call, the writer,
+    JSON-RPC, the HTTP faces) asks this one, so every face says the same of the same fault."""
+    return store.problem(sys.exc_info()[1]) or bug_refusal(where, operation)
 
 
 @contextlib.contextmanager
@@ -1233,17 +1164,15 @@ class Writer:
     """The thread that runs a server's ON_WRITER operations, so handler threads only frame.
 
     Invariant: a turn runs queued requests one after another in one GroupCommit turn,
-    taking those that queue meanwhile too until none waits (up to GROUP_COMMIT_MAX in
-    all), so each operation's own write blocks are savepoints of one transaction; then
-    it commits once, and only then answers every request of the turn. Under load a
-    turn so holds about as many writes as there are clients, at no cost to a lone
-    one, whose turn commits as soon as it ran. So an answered write is on disk; an
-    operation that fails undoes its own savepoints alone and answers its own refusal
-    (a bug in it is its 500, and the thread goes on); a commit that fails fails every
-    request of the turn; and SQLite's work stays in one thread instead of handing the
-    GIL around among handler threads at every statement. It takes only what the catalog
-    says runs ON_WRITER (Operation.runs), unless it is asked to wait, nor a block already
-    in a transaction of its own thread, which must finish there.
+    taking those that queue meanwhile too (up to GROUP_COMMIT_MAX in all), so each
+    operation's write blocks are savepoints of one transaction; then it commits once, and
+    only then answers every request of the turn. Under load a turn so holds about one write
+    per client, at no cost to a lone one. So an answered write is on disk; an operation that
+    fails undoes its own savepoints and answers its own refusal (a bug in it is its 500, and
+    the thread goes on); a failed commit fails every request of the turn; and SQLite's work
+    stays in one thread instead of handing the GIL around among handler threads. It takes
+    only ON_WRITER operations (Operation.runs) not asked to wait, and no call made inside a
+    write of its caller's thread, which must finish there.
     """
 
     def __init__(self, store):
@@ -1322,11 +1251,8 @@ class Writer:
         """Run TURN's requests, and those that queue meanwhile (added to TURN), in one
         GroupCommit turn."""
         with self.store.group_commit.turn():
-            ran = 0
-            while ran < len(turn):
-                for request in turn[ran:]:
-                    self._perform(request)
-                ran = len(turn)
+            for request in turn:        # TURN grows under the loop, which runs those too
+                self._perform(request)
                 turn += self._take(GROUP_COMMIT_MAX - len(turn))
 
     def close(self):
@@ -1372,23 +1298,18 @@ class Writer:
 class Line:
     """One request's way back to its caller, as its face keeps it (Caller.line).
 
-    A delivery is final only once its answer is handed over. OPEN() answers whether the
-    caller can still take an answer (HTTP: its client has not closed the connection;
-    stdio: its input has not ended; None: it always can). An operation that hands
-    something over for good (a read's messages, news told) says how to take it back
-    (on_lost), and the face calls lost() when the answer could not be handed over:
-    the caller hung up before it, or writing it failed. PARKS: the face parks a wait
-    of this request (Parked) rather than block a thread on it; DEADLINE, once parked, is
-    when the wait ends (a monotonic time) and SLOT that it holds one of its agent's
-    long-polls, both kept across the runs of the operation that follow; WAITS, that the
-    request was a long-poll at all (its connection then idles parked too). NOT_WAITED:
-    why a wait of this request is answered at once instead (None: it may wait).
+    OPEN() answers whether the caller can still take an answer (None: it always can). A
+    delivery is final only once its answer is handed over: an operation that hands
+    something over (a read's messages, news told) says how to take it back (on_lost), and
+    the face calls lost() when the answer was not handed over. PARKS: the face parks this
+    request's waits (Parked); once parked, DEADLINE (a monotonic time) and SLOT (one of
+    its agent's long-polls taken) hold across its runs. WAITS: it was a long-poll (its
+    connection idles parked too). NOT_WAITED: why its wait is answered at once, or None.
     """
 
     def __init__(self, open=None, parks=False, not_waited=None):
         self.open, self.parks, self.not_waited = open, parks, not_waited
-        self.deadline, self.slot, self.undo = None, False, []
-        self.waits = False          # the request is a long-poll (its caller waits in turn)
+        self.deadline, self.slot, self.undo, self.waits = None, False, [], False
 
     def listening(self):
         """Answer whether the caller can still take an answer, as far as its face can tell."""
@@ -1420,11 +1341,10 @@ class Parked(BaseException):
     """Raised out of a wait whose face parks it (Line.parks): the face keeps RERUN and calls
     it once WATCH says there is news, or the wait ends.
 
-    RERUN() runs the operation again, from its validated arguments (call() sets it), and
-    each layer of the face on the way out wraps it to make its own answer of what it
-    answers (wrap): so what is kept is only what running again needs, never the request's
-    body, and nothing is parsed again. Not an Exception, so that no refusal or bug
-    handler on its way out catches it."""
+    RERUN() runs the operation again from its validated arguments (call() sets it), and
+    each face layer on the way out wraps it to make its own answer (wrap): what is kept is
+    what running again needs, never the body, and nothing is parsed again. Not an
+    Exception, so that no refusal or bug handler on its way out catches it."""
 
     def __init__(self, watch):
         super().__init__(watch)
@@ -1446,14 +1366,10 @@ def wait_for(store, caller, wait, now, attempt):
     """Run ATTEMPT until it finds something or WAIT seconds pass: every long-poll's loop.
 
     ATTEMPT(at) answers (what it found, None), or (None, the Watch of what would change
-    that), AT being the time it runs at. Answer (what was found or None, why it answered
-    at once without waiting, or None: its agent had MAX_LONG_POLLS under way, or its
-    Line says why not).
-    A caller that hung up while it waited gets None, nothing attempted: what it would
-    have taken stays for the next read. Where the face parks waits (Line.parks), the
-    first wait raises Parked instead of blocking this thread, and the face runs the
-    operation again when the news comes or the wait ends; the deadline and the
-    long-poll taken are the Line's across those runs.
+    that), AT being the time it runs at. Answer (what was found or None, why it was not
+    waited for or None). A caller that hung up while it waited gets None, nothing
+    attempted: what it would have taken stays for the next read. Where the face parks
+    waits (Line.parks), the first wait raises Parked instead of blocking this thread.
     """
     line, started = caller.line, time.monotonic()
     if line is not None and wait:
@@ -1540,12 +1456,7 @@ class Watcher:
 
     def wait(self, ready, timeout):
         """Block until READY() is true or TIMEOUT seconds pass; answer whether it was.
-
-        READY is asked again only when the file changed: a write from this process
-        says so at once, and one watcher thread (while anyone waits) notices
-        another process's commit within WAIT_POLL seconds, so an idle waiter costs
-        nothing.
-        """
+        READY is asked again only when the file changed."""
         deadline = time.monotonic() + timeout
         with self._changed:
             self._waiting += 1
@@ -1659,51 +1570,34 @@ class Waiter:
     (STARTED: the longest waiting began first), and when it ends unless news comes first
     (ENDS, a monotonic time). Nothing of the request's body is kept."""
 
-    __slots__ = ("handler", "route", "caller", "rerun", "watch", "started", "reading", "ends")
+    __slots__ = ("handler", "connection", "address", "route", "caller", "line", "rerun",
+                 "watch", "started", "reading", "ends")
 
     def __init__(self, handler, route, caller, parked, started):
         self.handler, self.route, self.caller, self.started = handler, route, caller, started
-        self.rerun, self.watch = parked.rerun, parked.watch
+        self.connection, self.address = handler.connection, handler.client_address[0]
+        self.line, self.rerun, self.watch = caller.line, parked.rerun, parked.watch
         self.reading, self.ends = True, None
-
-    @property
-    def line(self):
-        """Answer the request's Line: its deadline and long-poll slot."""
-        return self.caller.line
-
-    @property
-    def address(self):
-        """Answer the client's address."""
-        return self.handler.client_address[0]
 
 
 class Parker:
     """The connections of one server that no thread serves, and the one thread that keeps
-    them: it reads their requests' heads, holds their waits and writes their answers.
+    them (traced above): it reads their requests' heads, holds their waits (Waiter) and
+    writes their answers. A connection is kept IDLE between requests, until a whole head
+    is in; WRITING while the rest of an answer goes out as the socket takes it. On news,
+    the waits whose agent hears it (hearers), whose ready sequence moved, or whose time
+    ran out run again on this thread: FIRST_ANSWERS in one write turn, then twice as many
+    a turn up to ANSWER_BATCH, so a post to N waiters costs N small attempts and a few
+    commits, and the first answers go out soon.
 
-    A connection comes here new, and whenever a thread is done with it between requests of
-    an agent that waits (IDLE): its socket is watched with a selector and what its client
-    sends is read without waiting, and only once a whole request head is in does the
-    connection go to a thread, admitted like a new one (Server.admit). A waiting request
-    gives back its thread and its slot: its connection is kept here (a Waiter), so a
-    client that hangs up is let go at once (nothing was delivered to it). When the file
-    changes, the waits whose agent has news (hearers), whose ready sequence moved, or
-    whose hold, lease or wait ran out are run again on this thread: FIRST_ANSWERS in one
-    write turn, then twice as many in each next one up to ANSWER_BATCH, so a public post
-    to N waiters costs N small attempts and a few commits, and the first answers go out
-    soon. This thread writes each answer as far as the socket takes it, the rest when the
-    socket takes more (WRITING), then keeps the connection IDLE for its next request.
-
-    Invariants: a connection is served by one thread or kept here, never both: it comes
-    here only once its thread is done with it, and goes to a thread only once it has left.
-    Each answer is its own unit: whatever fails while one waiter is answered (its write,
-    a bug) takes back what that answer handed over (Line.lost), lets that connection go
-    (_let_go, the one way out of here but to a thread) and touches no other waiter; an
-    answer is final only once written whole. Bounds: MAX_LONG_POLLS per agent (the Line's
-    slot); a quarter of the capacity of connections per client address, loopback aside;
-    the capacity of waits, and of connections kept between requests; past one, the
-    longest idle connection closes (never the one arriving), else the longest wait of that
-    bound ends at once, as if its time ran out.
+    Invariants: a connection is served by one thread or kept here, never both. Each answer
+    is its own unit: whatever fails while one waiter is answered (its write, a bug) takes
+    back what that answer handed over (Line.lost), lets that connection go (_let_go, the
+    one way out of here but to a thread) and touches no other waiter; an answer is final
+    only once written whole. Bounds: MAX_LONG_POLLS per agent (the Line's slot); a quarter
+    of the capacity per client address, loopback aside; the capacity of waits, and of
+    connections kept between requests. Past one, the longest idle connection closes
+    (never the one arriving), else the longest wait of that bound ends, as if it ran out.
     """
 
     def __init__(self, server, capacity):
@@ -1805,8 +1699,7 @@ class Parker:
     def _keeps(self, kept):
         """Answer whether KEPT (a Waiter, or an IDLE or WRITING handler) is still kept here."""
         kept_in = self.waiters if isinstance(kept, Waiter) else self.idle
-        return kept_in.get(kept.handler.connection if isinstance(kept, Waiter)
-                           else kept.connection) is kept
+        return kept_in.get(kept.connection) is kept
 
     def _safely(self, step, kept, *args):
         """Do STEP(KEPT, *ARGS) for one kept connection; should it fail (a bug, said), let
@@ -1820,7 +1713,7 @@ class Parker:
 
     def _add(self, waiter):
         import selectors
-        connection, agent = waiter.handler.connection, waiter.watch.agent
+        connection, agent = waiter.connection, waiter.watch.agent
         connection.setblocking(False)
         self.waiters[connection] = waiter
         self.by_agent.setdefault(agent, set()).add(waiter)
@@ -1835,7 +1728,6 @@ class Parker:
             self.again.append(waiter)
         self._time(waiter)
         self._count_in(waiter.handler)
-        import heapq
         for key in (None, waiter.address) if waiter.address in self.per_address else (None,):
             heapq.heappush(self.longest.setdefault(key, []), (waiter.started, self.timed, waiter))
         if len(self.longest[None]) > 2 * len(self.waiters) + 64:    # parked again often
@@ -1845,7 +1737,6 @@ class Parker:
     def _time(self, waiter):
         """Set when WAITER ends unless news comes: its deadline, or a hold or lease that
         runs out first."""
-        import heapq
         ends, until = waiter.line.deadline, waiter.watch.until
         if until is not None:
             ends = min(ends, time.monotonic() + (until - time.time()))
@@ -1886,11 +1777,9 @@ class Parker:
     def _compact(self):
         """Drop from the longest heaps what they hold of waits that are over (amortized: at
         most once for as many parks as there are waits)."""
-        import heapq
         kept = {}
         for key, heap in self.longest.items():
-            heap = [entry for entry in heap if self.waiters.get(entry[2].handler.connection)
-                    is entry[2]]
+            heap = [entry for entry in heap if self._keeps(entry[2])]
             if heap or key is None:
                 heapq.heapify(heap)
                 kept[key] = heap
@@ -1900,17 +1789,16 @@ class Parker:
         """End the longest parked wait of LONGEST (a heap of self.longest) now, as if its
         time ran out; answer whether there was one. What the heap holds of waits that
         ended or parked again since is dropped as it comes up: O(log n) a wait."""
-        import heapq
         while longest:
             waiter = heapq.heappop(longest)[2]
-            if self.waiters.get(waiter.handler.connection) is waiter and waiter.line.deadline:
+            if self._keeps(waiter) and waiter.line.deadline:
                 waiter.line.deadline, self.ending = 0.0, self.ending + 1
                 self._time(waiter)
                 return True
         return False
 
     def _remove(self, waiter):
-        connection = waiter.handler.connection
+        connection = waiter.connection
         del self.waiters[connection]
         self.by_agent[waiter.watch.agent].discard(waiter)
         if not self.by_agent[waiter.watch.agent]:
@@ -1965,19 +1853,19 @@ class Parker:
     def _keep_idle(self, handler):
         """Keep HANDLER's connection until its next request's head is in (IDLE): a new one,
         one a thread is done with, or one whose answer was written whole."""
-        import selectors
         handler.connection.setblocking(False)
         if handler.rfile.has_head():
             self._to_thread(handler)
             return
-        self._hold(handler, IDLE, selectors.EVENT_READ,
-                   self.server.request_timeout if handler.rfile.data
+        self._hold(handler, IDLE, self.server.request_timeout if handler.rfile.data
                    else self.server.idle_timeout)
         self._make_room(handler)
 
-    def _hold(self, handler, state, events, seconds):
-        """Keep HANDLER's connection in STATE, watching for EVENTS, for SECONDS at most."""
-        import heapq
+    def _hold(self, handler, state, seconds):
+        """Keep HANDLER's connection in STATE (IDLE: to read, WRITING: to write) for SECONDS
+        at most."""
+        import selectors
+        events = selectors.EVENT_WRITE if state is WRITING else selectors.EVENT_READ
         if handler.connection in self.idle:
             self.selector.modify(handler.connection, events, handler)
         else:
@@ -1999,8 +1887,7 @@ class Parker:
         elif not going_on:
             self._let_go(handler)
         elif not began and handler.rfile.data:
-            import selectors
-            self._hold(handler, IDLE, selectors.EVENT_READ, self.server.request_timeout)
+            self._hold(handler, IDLE, self.server.request_timeout)
 
     def _to_thread(self, handler):
         self._forget(handler)
@@ -2033,7 +1920,6 @@ class Parker:
         have come, those it concerns (the work grows with them, not with all who wait).
         Let go of the connections whose time here ran out (idle, a head sent too slowly,
         an answer taken too slowly)."""
-        import heapq
         due, self.again = set(self.again), []
         if news and self.waiters:
             newest, ready = self.store.watcher.marks()
@@ -2049,11 +1935,11 @@ class Parker:
         while self.timers and self.timers[0][0] <= clock:
             when, _, kept = heapq.heappop(self.timers)
             if isinstance(kept, Waiter):
-                if kept.ends == when and self.waiters.get(kept.handler.connection) is kept:
+                if kept.ends == when and self._keeps(kept):
                     due.add(kept)
-            elif kept.kept_until == when and self.idle.get(kept.connection) is kept:
+            elif kept.kept_until == when and self._keeps(kept):
                 self._safely(self._let_go, kept)
-        due = [waiter for waiter in due if self.waiters.get(waiter.handler.connection) is waiter]
+        due = [waiter for waiter in due if self._keeps(waiter)]
         due.sort(key=lambda waiter: waiter.started)
         for waiter in due:
             self._remove(waiter)
@@ -2076,12 +1962,11 @@ class Parker:
         if answer is None:
             self._add(waiter)
             return
-        import selectors
         handler = waiter.handler
         left = handler.reply(answer, waiter.route, waiter.caller, waiter.started, at_once=True)
         if left:
             handler.unwritten, handler.handing = memoryview(left), waiter.line
-            self._hold(handler, WRITING, selectors.EVENT_WRITE, self.server.send_timeout)
+            self._hold(handler, WRITING, self.server.send_timeout)
         else:
             waiter.line.undo = []
             self._answered(handler)
@@ -2123,14 +2008,12 @@ class Operation(namedtuple("Operation",
     """One catalog entry: every face (REST, MCP, CLI, A2A) is derived from these.
 
     A HIDDEN operation is one a face is built on rather than one it offers: call()
-    serves it like any other (identity, validation, touch, refusals), but no face
-    lists it (public_operations). RUNS says where it runs: AS_READ when READONLY,
-    else ON_WRITER, or OWN_TURN for an operation that must not hold up the writer:
-    reserve and update_task, which work out at length before their write block what
-    they will write (overlap and cycle checks); and join, whose token rotation must
-    hold the token marker until its commit is done (Store.token_rotation). WAITS names
-    the argument that makes it wait (a long-poll): given, it runs on its caller's thread
-    too, since a wait on the writer would hold up every write behind it."""
+    serves it like any other, but it is left out of every listing (public_operations).
+    RUNS says where it runs: AS_READ when READONLY, else ON_WRITER, or OWN_TURN for one
+    that must not hold up the writer (reserve and update_task work out at length what
+    they will write; join's token rotation holds the token marker until its commit).
+    WAITS names the argument that makes it wait (a long-poll): given, it runs on its
+    caller's thread too, since a wait on the writer would hold up every write behind it."""
 
     __slots__ = ()
 
@@ -2155,11 +2038,9 @@ CATALOG = {}
 
 def operation(name, summary, properties=None, required=(), readonly=False, open=False,
               hidden=False, runs=None, waits=None, retry=RETRY_AFTER_UNKNOWN):
-    """Register the decorated handler as operation NAME in the catalog (RUNS: AS_READ
-    when READONLY, else ON_WRITER unless given; RETRY: what doing a write again does
-    when its outcome is unknown)."""
-    schema = {"type": "object", "properties": properties or {},
-              "additionalProperties": False}
+    """Register the decorated handler as operation NAME in the catalog (RETRY: what
+    doing a write again does when its outcome is unknown)."""
+    schema = {"type": "object", "properties": properties or {}, "additionalProperties": False}
     if required:
         schema["required"] = list(required)
 
@@ -2212,8 +2093,7 @@ LONG_TEXT = _string(0, 16384)
 PROJECT_NAME = _string(pattern=PROJECT, default="")
 NOTE_KEY_NAME = _string(pattern=NOTE_KEY)
 FLAG = {"type": "boolean"}      # absent is false
-TAGS = {"type": "array", "items": NAME, "maxItems": 20,
-        "description": "list or comma string"}
+TAGS = {"type": "array", "items": NAME, "maxItems": 20, "description": "list or comma string"}
 
 
 # Text for a model: ages, clipped lines, counts -------------------------------
@@ -2399,13 +2279,11 @@ def _count(db, channel, after, upto, me, skip="", cap=COUNT_CAP):
 
 
 def _unread(db, me, now, after=0):
-    """Answer the Counts of what is unread for ME (UNREAD_FOR_ME); with AFTER, of the
-    unread messages past that id only."""
+    """Answer the Counts of what is unread for ME (UNREAD_FOR_ME), past id AFTER if given."""
     channels, newest = {}, 0
     for channel, position, skip in db.execute(
-            f"SELECT c.channel, max({READ_FROM}, :after), c.acked_past FROM cursors c "
-            f"WHERE {MY_CURSORS} ORDER BY c.channel",
-            {"me": me, "now": now, "after": after}).fetchall():
+            f"SELECT c.channel, max({READ_FROM}, :after), c.acked_past FROM cursors c WHERE "
+            f"{MY_CURSORS} ORDER BY c.channel", {"me": me, "now": now, "after": after}).fetchall():
         count, top = _count(db, channel, position, 2 ** 63 - 1, me, skip)
         if count:
             channels[channel], newest = count, max(newest, top)
@@ -2420,22 +2298,17 @@ def _anything_unread(db, me, now):
                       ).fetchone() is not None
 
 
-HELD_FOR_ME = ("SELECT coalesce(sum(held_count), 0), min(held_until) FROM cursors "
-               f"WHERE agent = :me AND {still_running('held_until')}")
-
-
 def _held(db, me, now):
-    """Answer (how many messages are held for ME, when the next hold runs out or None):
-    read off its cursors, however many are held."""
-    return tuple(db.execute(HELD_FOR_ME, {"me": me, "now": now}).fetchone())
+    """Answer (how many messages are held for ME, when the next hold runs out or None)."""
+    return tuple(db.execute("SELECT coalesce(sum(held_count), 0), min(held_until) FROM cursors "
+                            f"WHERE agent = :me AND {still_running('held_until')}",
+                            {"me": me, "now": now}).fetchone())
 
 
 # Tasks: states, leases and readiness -----------------------------------------
 
 UNFINISHED = ("open", "claimed")            # a task can still move on from these
-
 FINISHED = ("done", "failed", "cancelled")  # and never from these
-
 WITH_RESULT = ("done", "failed")            # finished by its holder, with a result
 
 
@@ -2444,18 +2317,15 @@ def sql_set(values):
     return "(" + ", ".join(f"'{value}'" for value in values) + ")"
 
 
-# The board's one rule of time: a claimed task whose lease ran out counts as open.
-# A task's state is said through TASK_STATE; what asks when a lease ran out (news of
-# a task back on the board) asks ran_out of lease_until, as TASK_STATE does.
+# The board's one rule of time: a claimed task whose lease ran out counts as open, said
+# through TASK_STATE (and by ran_out of lease_until wherever else a lease's end is asked).
 TASK_STATE = (f"(CASE WHEN status = 'claimed' AND {ran_out('lease_until')} THEN 'open' "
               "ELSE status END)")
-
 
 # A task waits for each task in its `after` that is not done; an open task waiting
 # for nothing is ready. (A failed or cancelled blocker keeps it waiting.)
 WAITS_FOR = ("FROM task_deps d JOIN tasks b ON b.id = d.after_id "
              "WHERE d.task_id = tasks.id AND b.status != 'done'")
-
 WAITING = f"EXISTS (SELECT 1 {WAITS_FOR})"
 
 TASK_ROWS = (f"SELECT *, {TASK_STATE} AS state, (SELECT group_concat(after_id) FROM task_deps "
@@ -2463,20 +2333,15 @@ TASK_ROWS = (f"SELECT *, {TASK_STATE} AS state, (SELECT group_concat(after_id) F
              f"(SELECT group_concat(d.after_id) {WAITS_FOR}) AS waiting_ids FROM tasks")
 
 OPEN_TASK = f"status IN {sql_set(UNFINISHED)} AND {TASK_STATE} = 'open'"
-
 READY_TASK = f"{OPEN_TASK} AND NOT {WAITING}"
-
 BLOCKED_TASK = f"{OPEN_TASK} AND {WAITING}"
-
 HELD_TASK = f"status = 'claimed' AND {TASK_STATE} = 'claimed'"
-
 
 # A task became ready to claim since an agent was told (:told, a ready_seq, and
 # :told_lease, a time): numbered by became_ready when a write makes it so, or put back
 # by its lease running out, which the lease itself says. With READY_TASK: still ready.
 NEWLY_READY = (f"(ready_seq > :told OR status = 'claimed' AND "
                f"{still_running('lease_until', ':told_lease')} AND {ran_out('lease_until')})")
-
 
 # When the next lease of a claimed task runs out, after :now (None: none held).
 NEXT_LEASE_END = ("SELECT min(lease_until) FROM tasks WHERE status = 'claimed' AND "
@@ -2485,9 +2350,8 @@ NEXT_LEASE_END = ("SELECT min(lease_until) FROM tasks WHERE status = 'claimed' A
 
 def _task(row):
     """Answer the task record of a TASK_ROWS row, in its state as of the query."""
-    task = {key: row[key] for key in ("id", "title", "body", "poster", "owner",
-                                      "lease_until", "result", "priority", "created",
-                                      "updated")}
+    task = {key: row[key] for key in ("id", "title", "body", "poster", "owner", "lease_until",
+                                      "result", "priority", "created", "updated")}
     task["status"] = row["state"]
     task["tags"] = row["tags"].split(",") if row["tags"] else []
     task["after"], task["waiting_for"] = _ids(row["after_ids"]), _ids(row["waiting_ids"])
@@ -2515,11 +2379,10 @@ def _task_line(task, now):
 
 def became_ready(db, task_ids, now):
     """Number those tasks of TASK_IDS that became ready to claim, so that news tells of
-    each once: the one decision of "ready", which every write that may make a task
-    claimable asks (posting it, changing its after, finishing what it waits for,
-    releasing it). A task is numbered when it is ready and was not since it last
-    stopped being (a claim, or a new wait, clears the number). A lease that runs out
-    needs no write: NEWLY_READY reads it off the lease."""
+    each once: the one decision of "ready", asked by every write that may make a task
+    claimable. A task is numbered when it is ready and was not since it last stopped
+    being (a claim, or a new wait, clears the number); a lease that runs out needs no
+    write: NEWLY_READY reads it off the lease."""
     for task_id in task_ids:
         if db.execute(f"UPDATE tasks SET ready_seq = ({NEWEST_READY}) + 1 WHERE id = :id AND "
                       f"ready_seq IS NULL AND {READY_TASK}", {"id": task_id, "now": now}
@@ -2544,39 +2407,31 @@ def _mark_told(db, me, now, message_id=None, ready=False):
     """Record that ME has been told of messages up to MESSAGE_ID, and (READY) of every
     task that became ready so far (NEWLY_READY): news will not report them again."""
     if message_id:
-        db.execute("UPDATE agents SET told_id = max(told_id, ?) WHERE name = ?",
-                   (message_id, me))
+        db.execute("UPDATE agents SET told_id = max(told_id, ?) WHERE name = ?", (message_id, me))
     if ready:
         db.execute(f"UPDATE agents SET told_ready = ({NEWEST_READY}), told_lease = ? "
                    "WHERE name = ?", (now, me))
 
 
 NEWS_PREVIEWS = 5          # messages news shows; its count covers the rest
-
 PREVIEW_LENGTH = 120
 
 
 def _untold(db, me, with_tasks, now):
     """Answer (previews, their Counts, ready tasks) of what ME has not been told yet."""
-    told_id, told_ready, told_lease = db.execute(
-        "SELECT told_id, told_ready, told_lease FROM agents WHERE name = ?", (me,)).fetchone()
+    told_id, told_ready, told_lease = db.execute(TOLD, (me,)).fetchone()
     counts = _unread(db, me, now, after=told_id)
-    previews = []
-    if counts.total:
-        rows = db.execute(
-            f"SELECT m.* FROM cursors c JOIN messages m ON {UNREAD_FOR_ME} WHERE {MY_CURSORS} "
-            "ORDER BY m.id LIMIT :limit",
-            {"me": me, "now": now, "after": told_id, "limit": NEWS_PREVIEWS}).fetchall()
-        previews = [dict({key: row[key] for key in ("id", "channel", "sender", "reply_to", "ts")},
-                         preview=clip(row["body"], PREVIEW_LENGTH),
-                         **({"ack": True} if row["asks_ack"] else {})) for row in rows]
-    tasks = []
-    if with_tasks:
-        tasks = [_task(row) for row in db.execute(
-            f"{TASK_ROWS} WHERE {NEWLY_READY} AND {READY_TASK} AND poster != :me "
-            "ORDER BY id LIMIT :limit",
-            {"told": told_ready, "told_lease": told_lease, "me": me, "now": now,
-             "limit": NEWS_PREVIEWS})]
+    rows = db.execute(
+        f"SELECT m.* FROM cursors c JOIN messages m ON {UNREAD_FOR_ME} WHERE {MY_CURSORS} "
+        "ORDER BY m.id LIMIT :limit", {"me": me, "now": now, "after": told_id,
+                                       "limit": NEWS_PREVIEWS}).fetchall() if counts.total else []
+    previews = [dict({key: row[key] for key in ("id", "channel", "sender", "reply_to", "ts")},
+                     preview=clip(row["body"], PREVIEW_LENGTH),
+                     **({"ack": True} if row["asks_ack"] else {})) for row in rows]
+    tasks = [_task(row) for row in db.execute(
+        f"{TASK_ROWS} WHERE {NEWLY_READY} AND {READY_TASK} AND poster != :me "
+        "ORDER BY id LIMIT :limit", {"told": told_ready, "told_lease": told_lease, "me": me,
+                                     "now": now, "limit": NEWS_PREVIEWS})] if with_tasks else []
     return previews, counts, tasks
 
 
@@ -2605,8 +2460,7 @@ def _note_name(note):
 
 
 def _note_line(note, now, size=None):
-    line = (f"{_note_name(note)} v{note['version']} {note['author']} "
-            f"{age(now - note['updated'])}")
+    line = f"{_note_name(note)} v{note['version']} {note['author']} {age(now - note['updated'])}"
     if size is not None:
         line += f" {size / 1000:.1f}k" if size >= 1000 else f" {size}c"
     return line
@@ -2654,15 +2508,13 @@ def _gapped(p, q, gap, fits, q_literal=False):
     (the items before the first gap) fit on their common length and so do their tails;
     with none, when they fit item by item. With a gap in one only, its first and last runs
     go at the ends of the other and each run between is placed as early as it fits (a
-    later place only leaves less room), so the work is at most the product of the lengths.
-    """
+    later place only leaves less room), so the work is at most the product of the lengths."""
     p_gaps = [at for at, item in enumerate(p) if item == gap]
     q_gaps = [] if q_literal else [at for at, item in enumerate(q) if item == gap]
     if p_gaps and q_gaps:
         head = min(p_gaps[0], q_gaps[0])
         tail = min(len(p) - 1 - p_gaps[-1], len(q) - 1 - q_gaps[-1])
-        return (_fit(p[:head], q[:head], fits)
-                and _fit(p[len(p) - tail:], q[len(q) - tail:], fits))
+        return _fit(p[:head], q[:head], fits) and _fit(p[len(p) - tail:], q[len(q) - tail:], fits)
     if not p_gaps and not q_gaps:
         return len(p) == len(q) and _fit(p, q, fits)
     if q_gaps:
@@ -2695,8 +2547,7 @@ def patterns_overlap(first, second, segments=None):
 
 
 def path_matches(pattern, path):
-    """Answer whether PATH (a plain relative path: its '*' and '?' are characters) matches
-    PATTERN."""
+    """Answer whether PATTERN matches PATH (a plain relative path: '*' and '?' are characters)."""
     parts = [part for part in path.split("/") if part not in ("", ".")]
     return _gapped(pattern.split("/"), parts, "**", lambda glob, name: _gapped(
         glob, name, "*", lambda a, b: a == b or a == "?", q_literal=True), q_literal=True)
@@ -2719,11 +2570,8 @@ def reservation_conflicts(patterns, exclusive, held, plain=False):
     reservation of PATTERNS (EXCLUSIVE or shared) conflicts with a HELD reservation of
     another agent when their patterns overlap and at least one side is exclusive; a
     PLAIN path (the guard's, its '*' a character) when it matches an exclusive one.
-
-    Two patterns whose literal ends disagree (one prefix does not begin the other, or
-    one suffix does not end the other) cannot overlap: most pairs are told apart so,
-    and only the rest are decided exactly.
-    """
+    Patterns whose literal ends disagree cannot overlap: most pairs are told apart so,
+    and only the rest are decided exactly."""
     segments, conflicts, checked = {}, [], 0
     if plain:
         patterns = [path.strip("/") for path in patterns]
@@ -2773,7 +2621,6 @@ def others_reservations(db, project, me, now):
 
 
 CONFLICT_FIELDS = ("agent", "path", "exclusive", "reason", "expires")
-
 NOTHING_RESERVED = "nothing keeps you off them"
 
 
@@ -2837,8 +2684,7 @@ def op_join(store, caller, args, now):
             else:
                 _create_agent(db, name, now, args["about"] or "", hash_token(token))
                 done = f"joined as {name}"
-    return Result({"agent": name, "token": token},
-                  f"{done}. token (shown once): {token}\n"
+    return Result({"agent": name, "token": token}, f"{done}. token (shown once): {token}\n"
                   f"send it as 'Authorization: Bearer <token>'; call brief first")
 
 
@@ -2853,8 +2699,7 @@ def _acks(db, me, now):
         "count(*), min(asked) FROM receipts WHERE sender = :me AND acked IS NULL",
         {"me": me}).fetchone()
     held, back = _held(db, me, now)
-    return {"asked": asked, "held": held, "back": back, "awaiting": awaiting,
-            "oldest": oldest}
+    return {"asked": asked, "held": held, "back": back, "awaiting": awaiting, "oldest": oldest}
 
 
 def acks_lines(acks, now):
@@ -2925,11 +2770,10 @@ def op_brief(store, caller, args, now):
         lines.append("notes changed: " + ", ".join(
             f"{_note_name(n)} v{n['version']} by {n['author']}" for n in changed))
     lines.append(f"next: {hint}")
-    body = {"agent": me, "unread": {"total": total, "channels": unread.channels},
-            "held": held, "reserved": reserved, "acks": acks,
-            "open": {"count": open_count, "blocked": blocked, "top": top},
-            "notes_changed": changed, "hint": hint}
-    return Result(body, "\n".join(lines))
+    return Result({"agent": me, "unread": {"total": total, "channels": unread.channels},
+                   "held": held, "reserved": reserved, "acks": acks,
+                   "open": {"count": open_count, "blocked": blocked, "top": top},
+                   "notes_changed": changed, "hint": hint}, "\n".join(lines))
 
 
 @operation("profile", "Change what you say about yourself.",
@@ -2997,23 +2841,16 @@ def op_channels(store, caller, args, now):
     """List the channels (mailboxes are not listed)."""
     me = caller.name
     with store.transaction() as db:
-        rows = db.execute(
-            "SELECT ch.*, coalesce(c.following, 0) AS following FROM channels ch "
-            "LEFT JOIN cursors c ON c.channel = ch.name AND c.agent = ? ORDER BY ch.name "
-            "LIMIT ?", (me, args["limit"])).fetchall()
+        rows = db.execute("SELECT ch.*, coalesce(c.following, 0) AS following FROM channels ch "
+                          "LEFT JOIN cursors c ON c.channel = ch.name AND c.agent = ? "
+                          "ORDER BY ch.name LIMIT ?", (me, args["limit"])).fetchall()
         unread = _unread(db, me, now).channels
     channels = [{"name": r["name"], "about": r["about"], "created_by": r["created_by"],
-                 "created": r["created"], "count": r["count"],
-                 "following": bool(r["following"]), "unread": unread.get(r["name"], 0)}
-                for r in rows]
-    lines = []
-    for ch in channels:
-        line = f"{ch['name']} {ch['count']} msgs"
-        if ch["following"]:
-            line += f", following, {count_text(ch['unread'])} unread"
-        if ch["about"]:
-            line += f" — {clip(ch['about'], 100)}"
-        lines.append(line)
+                 "created": r["created"], "count": r["count"], "following": bool(r["following"]),
+                 "unread": unread.get(r["name"], 0)} for r in rows]
+    lines = [f"{ch['name']} {ch['count']} msgs"
+             + (f", following, {count_text(ch['unread'])} unread" if ch["following"] else "")
+             + (f" — {clip(ch['about'], 100)}" if ch["about"] else "") for ch in channels]
     return Result({"channels": channels}, "\n".join(lines))
 
 
@@ -3098,9 +2935,7 @@ def op_post(store, caller, args, now):
         raise BadRequest("ack asks one recipient to acknowledge: it goes with direct mail",
                          hint="post to=AGENT ack=true")
     # Agents, channels and messages are never deleted, so what these checks find still
-    # holds at the insert, wherever they run (alone they take no write lock; on a server
-    # they run in the writer's turn). A channel's existence is checked by the insert
-    # itself: a post is one statement.
+    # holds at the insert, wherever they run; the insert itself checks the channel exists.
     if to is not None or args["reply_to"] is not None:
         with store.autocommit() as db:
             if to is not None and not _agent_exists(db, to):
@@ -3108,15 +2943,13 @@ def op_post(store, caller, args, now):
             if args["reply_to"] is not None:
                 _visible_message(db, args["reply_to"], me)
     channel = mailbox(to) if to is not None else channel or "public"
-    same = {"channel": channel, "sender": me, "body": args["body"],
-            "reply_to": args["reply_to"], "now": now, "since": now - DEDUP_SECONDS,
-            "digest": _digest(channel, args["body"], args["reply_to"]),
-            "asks_ack": 1 if args["ack"] else None, "to": to}
+    same = {"channel": channel, "sender": me, "body": args["body"], "reply_to": args["reply_to"],
+            "now": now, "since": now - DEDUP_SECONDS, "asks_ack": 1 if args["ack"] else None,
+            "digest": _digest(channel, args["body"], args["reply_to"]), "to": to}
     with store.transaction(write=True) as db:
         inserted = db.execute(
             "INSERT INTO messages (channel, sender, body, reply_to, ts, digest, asks_ack) "
-            "SELECT :channel, :sender, :body, :reply_to, :now, :digest, :asks_ack "
-            "WHERE NOT EXISTS "
+            "SELECT :channel, :sender, :body, :reply_to, :now, :digest, :asks_ack WHERE NOT EXISTS "
             f"(SELECT 1 FROM messages WHERE {SAME_POST}) AND ({is_mailbox_sql(':channel')} "
             "OR EXISTS (SELECT 1 FROM channels WHERE name = :channel))", same)
         if not inserted.rowcount:
@@ -3138,9 +2971,8 @@ def op_post(store, caller, args, now):
 
 def waited_text(wait, not_waited):
     """Answer what a long-poll that found nothing says (NOT_WAITED: why it did not wait)."""
-    if not_waited:
-        return f"nothing new (not waited: {not_waited})"
-    return f"nothing new after waiting {wait}s"
+    return (f"nothing new (not waited: {not_waited})" if not_waited
+            else f"nothing new after waiting {wait}s")
 
 
 # A read first takes back every hold of :me that ran out: given again from acked_id.
@@ -3170,8 +3002,7 @@ def _deliver(db, me, limit, now, hold=0):
     lasts as long as its longest), and given for good otherwise: a plain read is final,
     beside a hold too. It runs in the caller's write transaction, so a message is in one
     reader's hands at a time, and its work grows with how many messages were made final
-    out of turn, not with how much is held.
-    """
+    out of turn, not with how much is held."""
     where = {"me": me, "now": now, "until": now + hold}
     db.execute(HOLDS_TAKEN_BACK, where)
     cursors = {row["channel"]: row for row in db.execute(
@@ -3260,8 +3091,7 @@ def op_read(store, caller, args, now):
     me, hold = caller.name, args["hold"]
 
     def watch(db, at):
-        """Answer what would end the wait: a new message, or a hold of ME's running out
-        (None for a plain read, which does not wait)."""
+        """Answer what would end the wait: a new message, or a hold of ME's running out."""
         return Watch(me, _newest_id(db), None, _held(db, me, at)[1]) if args["wait"] else None
 
     def attempt(at):
@@ -3342,12 +3172,8 @@ def _settle(db, me, cursor, given_upto, ids, upto):
            {"upto": ID, "ids": {"type": "array", "items": ID, "maxItems": MAX_LIMIT,
                                 "description": "list or comma string"}}, retry=RETRY_SAFE)
 def op_ack(store, caller, args, now):
-    """Make held messages final and answer the acknowledgements their senders asked for.
-
-    Up to UPTO, or up to each of IDS in its channel, or (neither) up to all the caller
-    was given: a held message at or below that becomes final, and an acknowledgement
-    asked of the caller for a message it was given is sent to the sender.
-    """
+    """Make final what the caller was given up to UPTO, or IDS, or (neither) all of it, and
+    send its senders the acknowledgements they asked of the caller."""
     me = caller.name
     if args["upto"] is not None and args["ids"]:
         raise BadRequest("give upto or ids, not both")
@@ -3377,8 +3203,7 @@ def op_ack(store, caller, args, now):
             "m.id = r.message_id WHERE r.recipient = ? AND r.acked IS NULL AND "
             "r.message_id <= ?" + (f" AND r.message_id IN ({','.join('?' * len(named_here))})"
                                    if args["ids"] else ""),
-            [me, min(given_upto.get(box, 0), args["upto"] or 2 ** 63 - 1)] + named_here
-        ).fetchall()
+            [me, min(given_upto.get(box, 0), args["upto"] or 2 ** 63 - 1)] + named_here).fetchall()
         for message_id, sender, body in receipts:
             db.execute("UPDATE receipts SET acked = ? WHERE message_id = ?", (now, message_id))
             _tell(db, sender, f"{me} acknowledged #{message_id}: {clip(body, 60)}", now)
@@ -3400,11 +3225,10 @@ def op_history(store, caller, args, now):
     params = {"me": me, "mailbox": mailbox(me), "before": args["before"] or 2 ** 63 - 1,
               "limit": args["limit"] + 1, "channel": channel}
     with store.transaction() as db:
-        other = None
+        other = mailbox_owner(channel) if channel != mailbox(me) else None
         if channel == mailbox(me):
             where = "channel = :mailbox"
-        elif mailbox_owner(channel) is not None:
-            other = mailbox_owner(channel)
+        elif other is not None:
             if not _agent_exists(db, other):
                 raise NotFound(f"no agent {other}", hint="agents lists who is here")
             where = ("((channel = :theirs AND sender = :me) "
@@ -3468,8 +3292,7 @@ def _like_snippet(text, terms, width=60):
     lower = text.lower()
     at = min((lower.find(t.lower()) for t in terms if t.lower() in lower), default=0)
     start = max(0, at - width // 3)
-    excerpt = clip(text[start:start + width], width + 1)
-    return ("…" if start else "") + excerpt
+    return ("…" if start else "") + clip(text[start:start + width], width + 1)
 
 
 def _fts_query(terms):
@@ -3550,10 +3373,9 @@ def op_search(store, caller, args, now):
     terms = args["q"].split()
     if not terms:
         raise BadRequest("q must contain a word")
-    scopes = list(SEARCHES) if args["scope"] == "all" else [args["scope"]]
     hits = []
     with store.transaction() as db:
-        for scope in scopes:
+        for scope in SEARCHES if args["scope"] == "all" else [args["scope"]]:
             try:
                 hits += SEARCHES[scope](db, caller.name, terms, args["limit"], store.fts, now)
             except sqlite3.DatabaseError:
@@ -3563,17 +3385,11 @@ def op_search(store, caller, args, now):
     hits = sorted(hits, key=lambda hit: hit["rank"])[:args["limit"]]
     for hit in hits:
         del hit["rank"]         # an order among these hits, not a fact about one
-    lines = []
-    for hit in hits:
-        snippet = clip(hit["snippet"], 120)
-        if hit["kind"] == "message":
-            lines.append(f"message #{hit['id']} {hit['channel']} {hit['sender']} "
-                         f"{age(now - hit['ts'])}: {snippet}")
-        elif hit["kind"] == "task":
-            lines.append(f"task #{hit['id']} {hit['status']} \"{clip(hit['title'], 60)}\": "
-                         f"{snippet}")
-        else:
-            lines.append(f"note {_note_name(hit)} v{hit['version']}: {snippet}")
+    heads = {"message": lambda hit: f"message #{hit['id']} {hit['channel']} {hit['sender']} "
+                                    f"{age(now - hit['ts'])}",
+             "task": lambda hit: f"task #{hit['id']} {hit['status']} \"{clip(hit['title'], 60)}\"",
+             "note": lambda hit: f"note {_note_name(hit)} v{hit['version']}"}
+    lines = [f"{heads[hit['kind']](hit)}: {clip(hit['snippet'], 120)}" for hit in hits]
     return Result({"hits": hits}, "\n".join(lines) or f"nothing matches {args['q']!r}")
 
 
@@ -3623,7 +3439,6 @@ TASK_LISTS = {
     "all": ("1", "id DESC"),
 }
 
-
 DEPS_CHANGES = "SELECT value FROM counters WHERE name = 'deps'"
 DEPS_CHANGED = "UPDATE counters SET value = value + 1 WHERE name = 'deps'"
 WALK_STEP = 500             # tasks one query of a walk asks about (SQLite's variables)
@@ -3631,12 +3446,8 @@ WALK_STEP = 500             # tasks one query of a walk asks about (SQLite's var
 
 def _cycle_through(db, task_id, after):
     """Answer the cycle of waits [TASK_ID, ..., TASK_ID] that TASK_ID waiting for AFTER
-    would make, or None.
-
-    One walk of what AFTER waits for, with one visited set, a query per layer: its cost
-    is bounded by the tasks reachable, once, however many tasks AFTER names (a walk per
-    blocker let one agent's update_task hold every write up for seconds).
-    """
+    would make, or None: one walk from AFTER, a query per layer, each task reached visited
+    once however many AFTER names (a walk per blocker held every write up for seconds)."""
     parents, frontier = dict.fromkeys(after), list(after)
     while frontier and task_id not in parents:
         step, frontier = frontier, []
@@ -3675,11 +3486,9 @@ def _set_after(db, task_id, after):
                    [(task_id, other) for other in after])
 
 
-AFTER = {"type": "array", "items": ID, "maxItems": MAX_AFTER,
-         "description": "task ids to wait for"}
+AFTER = {"type": "array", "items": ID, "maxItems": MAX_AFTER, "description": "task ids to wait for"}
 
 PRIORITY_BOUNDS = (-1000, 1000)
-
 PRIORITY = _integer(*PRIORITY_BOUNDS, "higher is taken first", default=0)
 
 
@@ -3696,9 +3505,8 @@ def op_post_task(store, caller, args, now):
         _check_after(db, None, after)
         task_id = db.execute(
             "INSERT INTO tasks (title, body, tags, priority, poster, created, updated) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (args["title"], args["body"] or "", ",".join(tags), args["priority"],
-             caller.name, now, now)).lastrowid
+            "VALUES (?, ?, ?, ?, ?, ?, ?)", (args["title"], args["body"] or "", ",".join(tags),
+                                             args["priority"], caller.name, now, now)).lastrowid
         db.executemany("INSERT INTO task_tags (tag, task_id) VALUES (?, ?)",
                        [(tag, task_id) for tag in tags])
         _set_after(db, task_id, after)
@@ -3719,12 +3527,9 @@ def _find_task(db, task_id, now):
             "priority": _integer(*PRIORITY_BOUNDS), "after": AFTER},
            required=["id"], runs=OWN_TURN, retry=RETRY_SAFE)
 def op_update_task(store, caller, args, now):
-    """Change the given fields of an open task the caller posted.
-
-    A new after is checked for cycles on a snapshot, outside the write lock, so no post
-    waits for the walk; inside it the walk is made again only when what tasks wait for
-    changed since the snapshot.
-    """
+    """Change the given fields of an open task the caller posted. A new after is checked
+    for cycles on a snapshot, outside the write lock, so no post waits for the walk; inside
+    it, walked again only if what tasks wait for changed since."""
     after = sorted(set(args["after"])) if args["after"] is not None else None
     if after is not None:
         with store.transaction() as db:
@@ -3752,8 +3557,7 @@ def op_update_task(store, caller, args, now):
             db.execute(DEPS_CHANGED)
         db.execute(f"UPDATE tasks SET {''.join(f'{field} = :{field}, ' for field in changes)}"
                    "updated = :now WHERE id = :id", dict(changes, now=now, id=task["id"]))
-        db.execute(f"UPDATE tasks SET ready_seq = NULL WHERE id = ? AND {WAITING}",
-                   (task["id"],))
+        db.execute(f"UPDATE tasks SET ready_seq = NULL WHERE id = ? AND {WAITING}", (task["id"],))
         became_ready(db, [task["id"]], now)
         task = _task(_find_task(db, task["id"], now))
     return Result({"task": task}, f"updated {_task_line(task, now)}")
@@ -3839,9 +3643,8 @@ def op_claim(store, caller, args, now):
         else:
             tagged = ("AND id IN (SELECT task_id FROM task_tags WHERE tag = :tag) "
                       if args["tag"] is not None else "")
-            row = db.execute(f"{TASK_ROWS} WHERE {READY_TASK} {tagged}"
-                             "ORDER BY priority DESC, id LIMIT 1",
-                             {"now": now, "tag": args["tag"]}).fetchone()
+            row = db.execute(f"{TASK_ROWS} WHERE {READY_TASK} {tagged}ORDER BY priority DESC, id "
+                             "LIMIT 1", {"now": now, "tag": args["tag"]}).fetchone()
             if row is None:
                 tagged = f" tagged {args['tag']}" if args["tag"] is not None else ""
                 raise NotFound(f"no open task{tagged} is ready to claim", hint="post_task adds one")
@@ -3853,10 +3656,8 @@ def op_claim(store, caller, args, now):
         task.update(status="claimed", owner=me, lease_until=lease_until, updated=now)
         if task["poster"] != me:
             _tell(db, task["poster"], f"{me} claimed your task {_quote(task)}", now)
-    return Result({"task": task},
-                  f"{_task_line(task, now)}\n"
-                  f"next: done id={task['id']} result=... when finished; "
-                  f"extend id={task['id']} if you need longer")
+    return Result({"task": task}, f"{_task_line(task, now)}\nnext: done id={task['id']} result=... "
+                  f"when finished; extend id={task['id']} if you need longer")
 
 
 def _dependents_hear(db, task, me, now):
@@ -3887,8 +3688,7 @@ def _held_task(db, task_id, me, now):
         raise Conflict(f"task #{task_id} is {row['status']}",
                        hint=f"claim id={task_id} first" if row["status"] == "open" else None)
     if row["owner"] != me:
-        raise Forbidden(f"task #{task_id} is not yours: {_task(row)['owner'] or 'nobody'}"
-                        " holds it")
+        raise Forbidden(f"task #{task_id} is not yours: {_task(row)['owner'] or 'nobody'} holds it")
     return row
 
 
@@ -4109,8 +3909,7 @@ def op_notes(store, caller, args, now):
         rows = db.execute(f"SELECT *, length(body) AS size FROM notes WHERE {where} "
                           "ORDER BY project, key LIMIT :limit",
                           {"project": args["project"], "limit": args["limit"] + 1}).fetchall()
-    notes = [dict(_note(row, with_body=False), size=row["size"])
-             for row in rows[:args["limit"]]]
+    notes = [dict(_note(row, with_body=False), size=row["size"]) for row in rows[:args["limit"]]]
     lines = [_note_line(note, now, note["size"]) for note in notes]
     if len(rows) > args["limit"]:
         lines.append(more_text(args["limit"]))
@@ -4129,9 +3928,8 @@ def op_delete_note(store, caller, args, now):
             raise NotFound(f"no note {key}" + (f" in {project}" if project else ""))
         note = _add_revision(db, project, key, head["version"] + 1, "", caller.name, now,
                              deleted=True)
-    return Result({"note": note},
-                  f"deleted note {_note_name(note)}; read_note version={head['version']} "
-                  "still shows its last text")
+    return Result({"note": note}, f"deleted note {_note_name(note)}; read_note version="
+                  f"{head['version']} still shows its last text")
 
 
 # Reservations ----------------------------------------------------------------
@@ -4149,11 +3947,8 @@ PATTERNS = {"type": "array", "items": _string(1, 300), "maxItems": MAX_PATTERNS,
            required=["paths"], runs=OWN_TURN, retry=RETRY_SAFE)
 def op_reserve(store, caller, args, now):
     """Grant every pattern, or none when another agent's live reservation overlaps one.
-
-    The overlaps are worked out on a snapshot, outside the write lock, so however many
-    patterns others hold no post waits for them; inside it, only what changed since the
-    snapshot is checked again.
-    """
+    Overlaps are worked out on a snapshot, outside the write lock, so no post waits for
+    them however many patterns others hold; inside it, only what changed is checked again."""
     me, project = caller.name, args["project"]
     patterns = sorted({reservation_pattern(path) for path in args["paths"]})
     if not patterns:
@@ -4166,8 +3961,7 @@ def op_reserve(store, caller, args, now):
                 "; ".join(f"{pattern} overlaps {other['agent']}'s {other['path']} "
                           f"({_reservation_terms(other, now)})" for pattern, other in conflicts),
                 hint="reserve other paths, wait for the lease to end, or ask the holder",
-                conflicts=[{key: other[key] for key in CONFLICT_FIELDS}
-                           for _, other in conflicts])
+                conflicts=[{key: other[key] for key in CONFLICT_FIELDS} for _, other in conflicts])
 
     with store.transaction() as db:
         snapshot = others_reservations(db, project, me, now)
@@ -4188,10 +3982,9 @@ def op_reserve(store, caller, args, now):
                              f"{project or 'the default project'}",
                              hint="unreserve what you are done with")
         db.executemany(
-            "INSERT INTO reservations (project, agent, path, exclusive, reason, created, "
-            "expires) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (project, agent, path) DO "
-            "UPDATE SET exclusive = excluded.exclusive, reason = excluded.reason, "
-            "expires = excluded.expires",
+            "INSERT INTO reservations (project, agent, path, exclusive, reason, created, expires) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (project, agent, path) DO UPDATE SET "
+            "exclusive = excluded.exclusive, reason = excluded.reason, expires = excluded.expires",
             [(project, me, pattern, int(args["exclusive"]), args["reason"] or "", now,
               now + args["lease"]) for pattern in patterns])
         granted = [_reservation(row) for row in db.execute(
@@ -4216,11 +4009,9 @@ def op_reservations(store, caller, args, now):
             theirs = sorted(others_reservations(db, args["project"], caller.name, now),
                             key=lambda other: (other["path"], other["agent"]))
         hits = reservation_conflicts(args["paths"], False, theirs, plain=True)[:args["limit"]]
-        conflicts = [dict({key: other[key] for key in CONFLICT_FIELDS}, given=path)
-                     for path, other in hits]
-        return Result({"reservations": list({(r["agent"], r["path"]): r
-                                             for _, r in hits}.values()),
-                       "conflicts": conflicts},
+        return Result({"reservations": list({(r["agent"], r["path"]): r for _, r in hits}.values()),
+                       "conflicts": [dict({key: other[key] for key in CONFLICT_FIELDS}, given=path)
+                                     for path, other in hits]},
                       "\n".join(f"{one_line(path)}: reserved by {other['agent']} for "
                                 f"{age(other['expires'] - now)}"
                                 + (f" ({one_line(other['reason'])})" if other["reason"] else "")
@@ -4232,8 +4023,7 @@ def op_reservations(store, caller, args, now):
     lines = [_reservation_line(reservation, now) for reservation in held[:args["limit"]]]
     if len(held) > args["limit"]:
         lines.append(more_text(args["limit"]))
-    return Result({"reservations": held[:args["limit"]]},
-                  "\n".join(lines) or "no reservations")
+    return Result({"reservations": held[:args["limit"]]}, "\n".join(lines) or "no reservations")
 
 
 @operation("unreserve", "Give back your reservations of those paths, or all of yours in "
@@ -4254,15 +4044,6 @@ def op_unreserve(store, caller, args, now):
 ###############################################################################
 # Dispatch ####################################################################
 ###############################################################################
-
-def _is_unicode(text):
-    """Answer whether TEXT can be stored and sent: no lone surrogates (JSON allows them)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
 
 # Arguments that are one line wherever they are shown, so that no peer can print a line
 # that looks like agora's own (or the guard's) under someone else's eyes.
@@ -4286,8 +4067,7 @@ def _check_value(name, rule, value):
             raise BadRequest(f"{name} must be at most {rule.get('maximum', 2 ** 63 - 1)}")
         return value
     if kind == "boolean":
-        if isinstance(value, str) and value.lower() in TRUE_WORDS:
-            return TRUE_WORDS[value.lower()]
+        value = TRUE_WORDS.get(value.lower(), value) if isinstance(value, str) else value
         if not isinstance(value, bool):
             raise BadRequest(f"{name} must be true or false")
         return value
@@ -4307,8 +4087,11 @@ def _check_value(name, rule, value):
         raise BadRequest(f"{name} must be a string")
     if "\x00" in value:
         raise BadRequest(f"{name} must not contain NUL characters")
-    if not _is_unicode(value):
-        raise BadRequest(f"{name} must be valid Unicode text (it holds a lone surrogate)")
+    try:
+        value.encode("utf-8")           # JSON allows lone surrogates; storing them fails
+    except UnicodeEncodeError:
+        raise BadRequest(f"{name} must be valid Unicode text (it holds a lone "
+                         "surrogate)") from None
     if "enum" in rule and value not in rule["enum"]:
         raise BadRequest(f"{name} must be one of {', '.join(rule['enum'])} (got {value!r:.60})")
     if "pattern" in rule and not re.fullmatch(rule["pattern"], value):     # '$' allows "\n"
@@ -4320,19 +4103,16 @@ def _check_value(name, rule, value):
 
 
 def validate(op, args):
-    """Answer ARGS checked against OP's schema, typed, with defaults filled in.
-
-    Absent and null arguments take the schema's default (or None); strings are
-    accepted for integers, booleans and lists, so every face can pass text.
-    """
+    """Answer ARGS checked against OP's schema, typed, with defaults filled in: absent and
+    null arguments take the schema's default (or None); strings are accepted for integers,
+    booleans and lists, so every face can pass text."""
     if not isinstance(args, dict):
         raise BadRequest("arguments must be a JSON object")
     properties = op.schema["properties"]
     unknown = sorted(set(args) - set(properties))
     if unknown:
-        takes = ", ".join(properties) or "no arguments"
         raise BadRequest(f"{op.name} has no argument {unknown[0]!r:.60}",
-                         hint=f"{op.name} takes {takes}")
+                         hint=f"{op.name} takes {', '.join(properties) or 'no arguments'}")
     checked = {}
     for name, rule in properties.items():
         value = args.get(name)
@@ -4343,8 +4123,7 @@ def validate(op, args):
         else:
             checked[name] = _check_value(name, rule, value)
             if name in ONE_LINE_FIELDS and CONTROL_CHARACTERS.search(checked[name]):
-                raise BadRequest(f"{name} must be one line: no newline or other control "
-                                 "character")
+                raise BadRequest(f"{name} must be one line: no newline or other control character")
     return checked
 
 
@@ -4362,13 +4141,9 @@ def ensure_local_agent(store, name, now):
 
 
 def admit(store, op, caller, now):
-    """Admit CALLER to OP: refuse one OP needs to know and does not; create an asserted
-    name's agent on its first use.
-
-    An asserted name (CLI, stdio) is trusted and its agent created on first use:
-    the file is the trust boundary. A remote caller arrives with its token
-    already looked up (bearer_caller); a token nobody holds is refused.
-    """
+    """Admit CALLER to OP, or refuse a caller OP needs to know and does not. An asserted name
+    (CLI, stdio) is trusted, its agent created on first use: the file is the trust boundary.
+    A remote caller comes with its token looked up (bearer_caller): one nobody holds is refused."""
     if caller.asserted:
         if caller.name is not None:
             ensure_local_agent(store, caller.name, now)
@@ -4382,22 +4157,18 @@ def admit(store, op, caller, now):
 
 
 def bearer_caller(store, authorization, line=None):
-    """Answer the remote Caller named by an 'Authorization: Bearer <token>' header, who is
-    answered over LINE."""
+    """Answer the remote Caller of an 'Authorization: Bearer <token>' header, answered over LINE."""
     scheme, _, token = (authorization or "").partition(" ")
     token = token.strip() if scheme.lower() == "bearer" else ""
-    if not token:
-        return Caller(None, False, None, line)
-    return Caller(store.agent_for_token(token), False, token, line)
+    return Caller(store.agent_for_token(token) if token else None, False, token or None, line)
 
 
 def call(store, name, args=None, caller=OPERATOR, now=None, hidden=False):
     """Run operation NAME for CALLER and answer its Result; a refusal raises AgoraError.
 
-    This is the one entrance every face uses: it finds the operation the face may
-    run (offered; HIDDEN for a face built on hidden ones), checks the caller,
-    validates the arguments from the schema and runs the handler. An unexpected
-    exception becomes an InternalError, its traceback on stderr.
+    The one entrance of every face: it finds the operation the face may run (HIDDEN: hidden
+    ones too), admits the caller, validates the arguments and runs the handler; an
+    unexpected exception becomes an InternalError, its traceback on stderr.
     """
     now = int(time.time()) if now is None else now
     with bugs_refused(store, name):
@@ -4447,11 +4218,9 @@ RpcRequest.__doc__ = """One JSON-RPC request: its id, method name and params obj
 
 
 def read_rpc(data):
-    """Answer the JSON-RPC 2.0 request in DATA, or None for a notification or a response.
-
-    Anything else raises RpcError: -32700 for bad JSON, -32600 for a message
-    that is not one request object (batches included), -32602 for bad params.
-    """
+    """Answer the JSON-RPC 2.0 request in DATA, or None for a notification or a response;
+    anything else raises RpcError: -32700 for bad JSON, -32600 for a message that is not one
+    request object (batches included), -32602 for bad params."""
     try:
         message = parse_json(data)
     except ValueError as e:
@@ -4509,12 +4278,10 @@ def rpc_answered(store, request_id, label, run):
 class RpcEndpoint:
     """One JSON-RPC message in, one answer out: the envelope MCP and A2A share.
 
-    A face subclasses it with ``dispatch(request)``, which answers the result
-    or raises RpcError (the face maps agora's refusals to those itself).
-    ``precheck`` refuses what the transport got wrong before the message is
-    read, ``error_data`` adds a face's detail to an error, ``label`` names the
-    request in the log. Anything unexpected becomes -32603, its traceback on
-    stderr.
+    A face subclasses it with ``dispatch(request)``, which answers the result or raises
+    RpcError (the face maps agora's refusals to those itself), and may override the hooks
+    ``precheck``, ``error_data`` and ``label``. Anything unexpected becomes -32603, its
+    traceback on stderr.
     """
 
     def __init__(self, store, caller, headers=None):
@@ -4537,9 +4304,8 @@ class RpcEndpoint:
             return RpcReply(401, rpc_error(request.id, -32600, error.text), label)
         except RpcError as error:
             request_id = request.id if request else error.request_id
-            data = self.error_data(request, error)
-            return RpcReply(error.http_status, rpc_error(request_id, error.code, error.message,
-                                                         data), label)
+            return RpcReply(error.http_status, rpc_error(
+                request_id, error.code, error.message, self.error_data(request, error)), label)
         except Exception:
             return rpc_fault(self.store, request.id if request else None, label)
         return RpcReply(200, {"jsonrpc": "2.0", "id": request.id, "result": result}, label)
@@ -4593,12 +4359,9 @@ def mcp_tools():
 
 
 def stateless_headers(method, params):
-    """Answer the routing headers a 2026-07-28 message must carry, or None for another era.
-
-    They repeat the body (its _meta protocol version, the method, a tool's
-    name), so that a proxy can route without reading it; the server checks
-    them, the stdio bridge writes them.
-    """
+    """Answer the routing headers a 2026-07-28 message must carry, or None for another era:
+    they repeat the body (its _meta protocol version, the method, a tool's name) for a proxy
+    to route by; the server checks them, the stdio bridge writes them."""
     meta = params.get("_meta") if isinstance(params, dict) else None
     if not (isinstance(meta, dict) and isinstance(meta.get(MCP_META + "protocolVersion"), str)):
         return None
@@ -4663,9 +4426,7 @@ def _mcp_tools_call(endpoint, params):
     name = params.get("name")
     if offered(name) is None:
         raise RpcError(-32602, f"Unknown tool: {str(name)[:60]}")
-    arguments = params.get("arguments")
-    return tool_result(lambda: call(endpoint.store, name, {} if arguments is None
-                                    else arguments, endpoint.caller))
+    return tool_result(lambda: call(endpoint.store, name, params.get("arguments"), endpoint.caller))
 
 
 def tool_result(run):
@@ -4692,10 +4453,8 @@ MCP_CACHEABLE = {"server/discover", "tools/list"}
 class McpEndpoint(RpcEndpoint):
     """MCP over JSON-RPC, both eras on one endpoint: the core of /mcp and stdio.
 
-    HEADERS are the HTTP request's, or None over stdio. As a Claude Code
-    CHANNEL it speaks the handshake era only: Claude Code registers no channel
-    on a connection that negotiated the stateless revision.
-    """
+    HEADERS are the HTTP request's (None over stdio). A Claude Code CHANNEL speaks the
+    handshake era only: Claude Code registers no channel on a stateless connection."""
 
     def __init__(self, store, caller, headers=None, channel=False):
         super().__init__(store, caller, headers)
@@ -4755,9 +4514,8 @@ class McpEndpoint(RpcEndpoint):
 # A2A: the task board as an agent #############################################
 ###############################################################################
 
-# A blocking SendMessage holds this long for its task to finish: a board task is
-# finished by an agent minutes later, and clients read with short timeouts
-# (httpx's default is 5 s), so a longer hold only turns an answer into a timeout.
+# A blocking SendMessage holds this long for its task to finish: an agent finishes it minutes
+# later, and clients read with short timeouts (httpx: 5 s), so longer only makes a timeout.
 A2A_DEFAULT_BLOCK = 3
 A2A_PAGE_SIZE = 50
 A2A_MAX_PAGE_SIZE = 100
@@ -4768,14 +4526,10 @@ A2A_STATES = {"open": "submitted", "claimed": "working", "done": "completed",
 
 # JSON-RPC codes of A2A's own errors, and the ErrorInfo reason 1.0 answers carry.
 A2A_ERRORS = {
-    -32001: "TASK_NOT_FOUND",
-    -32002: "TASK_NOT_CANCELABLE",
-    -32003: "PUSH_NOTIFICATION_NOT_SUPPORTED",
-    -32004: "UNSUPPORTED_OPERATION",
-    -32005: "CONTENT_TYPE_NOT_SUPPORTED",
-    -32007: "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
-    -32009: "VERSION_NOT_SUPPORTED",
-}
+    -32001: "TASK_NOT_FOUND", -32002: "TASK_NOT_CANCELABLE",
+    -32003: "PUSH_NOTIFICATION_NOT_SUPPORTED", -32004: "UNSUPPORTED_OPERATION",
+    -32005: "CONTENT_TYPE_NOT_SUPPORTED", -32007: "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
+    -32009: "VERSION_NOT_SUPPORTED"}
 # Agora's refusals as A2A errors: a task of someone else's is "not found" too.
 A2A_REFUSALS = {BadRequest: -32602, Forbidden: -32001, NotFound: -32001, Conflict: -32002}
 
@@ -4785,28 +4539,21 @@ A2AEra.__doc__ = """How one A2A generation spells what both say."""
 # Every difference between 1.0 and 0.3 answers, said once. 0.3 names its
 # methods as paths (message/send) and tags each object with its "kind".
 A2A_ERAS = {
-    "1.0": A2AEra(state=lambda state: f"TASK_STATE_{state.upper()}",
+    "1.0": A2AEra(state=lambda state: f"TASK_STATE_{state.upper()}", error_info=True,
                   role=lambda role: f"ROLE_{role.upper()}", kinds=False, wraps_send=True,
-                  returns_at_once=lambda conf: conf.get("returnImmediately") is True,
-                  error_info=True),
-    "0.3": A2AEra(state=str, role=str, kinds=True, wraps_send=False,
-                  returns_at_once=lambda conf: conf.get("blocking") is False,
-                  error_info=False),
+                  returns_at_once=lambda conf: conf.get("returnImmediately") is True),
+    "0.3": A2AEra(state=str, role=str, kinds=True, wraps_send=False, error_info=False,
+                  returns_at_once=lambda conf: conf.get("blocking") is False),
 }
 
 # Request parameters, checked by the catalog's own argument checker.
 A2A_PARAMS = {
-    "configuration": {"type": "object"},
-    "message": {"type": "object"},
-    "historyLength": _integer(0, 10 ** 9),
-    "messageId": _string(0, 200),
-    "contextId": _string(0, 200),
-    "pageSize": _integer(1, A2A_MAX_PAGE_SIZE),
-    "pageToken": _string(pattern=PAGE_TOKEN),
+    "configuration": {"type": "object"}, "message": {"type": "object"},
+    "historyLength": _integer(0, 10 ** 9), "pageSize": _integer(1, A2A_MAX_PAGE_SIZE),
+    "messageId": _string(0, 200), "contextId": _string(0, 200),
+    "pageToken": _string(pattern=PAGE_TOKEN), "statusTimestampAfter": _string(0, 64),
     "status": {"type": "string", "enum": ["TASK_STATE_UNSPECIFIED"] + [
-        A2A_ERAS["1.0"].state(state) for state in A2A_STATES.values()]},
-    "statusTimestampAfter": _string(0, 64),
-}
+        A2A_ERAS["1.0"].state(state) for state in A2A_STATES.values()]}}
 
 
 def _a2a_param(params, name, default=None):
@@ -4827,8 +4574,7 @@ def agent_card(base_url):
             {"url": endpoint, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
             {"url": endpoint, "protocolBinding": "JSONRPC", "protocolVersion": "0.3"}],
         "capabilities": {"streaming": False, "pushNotifications": False},
-        "defaultInputModes": ["text/plain"],
-        "defaultOutputModes": ["text/plain"],
+        "defaultInputModes": ["text/plain"], "defaultOutputModes": ["text/plain"],
         "skills": [{"id": "board", "name": "Task board",
                     "description": "Post a task in plain text (first line = title; "
                                    "metadata.tags and metadata.priority are honoured); "
@@ -4839,9 +4585,7 @@ def agent_card(base_url):
                                        "type": "http", "scheme": "bearer"}},
         "securityRequirements": [{"schemes": {"bearer": {"list": []}}}],
         # The 0.3 fields, so that 0.3 clients find the endpoint and send the token.
-        "protocolVersion": "0.3.0",
-        "url": endpoint,
-        "preferredTransport": "JSONRPC",
+        "protocolVersion": "0.3.0", "url": endpoint, "preferredTransport": "JSONRPC",
         "security": [{"bearer": []}],
     }
 
@@ -4870,9 +4614,7 @@ def _a2a_message(era, role, text, task_id, context_id, message_id):
     message = {"messageId": message_id, "role": era.role(role),
                "parts": [_a2a_text_part(era, text)],
                "taskId": str(task_id), "contextId": context_id}
-    if era.kinds:
-        message["kind"] = "message"
-    return message
+    return dict(message, kind="message") if era.kinds else message
 
 
 def _a2a_status_note(task):
@@ -4898,8 +4640,7 @@ def a2a_tasks(db, tasks, era, history_length=None):
     ids = [task["id"] for task in tasks]
     marks = ",".join("?" * len(ids))
     contexts = {task_id: (context, message) for task_id, context, message in db.execute(
-        f"SELECT task_id, context_id, message_id FROM a2a_tasks WHERE task_id IN ({marks})",
-        ids)}
+        f"SELECT task_id, context_id, message_id FROM a2a_tasks WHERE task_id IN ({marks})", ids)}
     later = {}
     for task_id, message_id, role, text in db.execute(
             "SELECT task_id, message_id, role, text FROM a2a_messages "
@@ -4908,8 +4649,7 @@ def a2a_tasks(db, tasks, era, history_length=None):
     answers = []
     for task in tasks:
         task_id = task["id"]
-        fallback = f"agora-task-{task_id}"
-        context_id, message_id = contexts.get(task_id, (fallback, fallback))
+        context_id, message_id = contexts.get(task_id, (f"agora-task-{task_id}",) * 2)
         status = {"state": era.state(A2A_STATES[task["status"]]),
                   "timestamp": _rfc3339(task["updated"])}
         note = _a2a_status_note(task)
@@ -4922,24 +4662,19 @@ def a2a_tasks(db, tasks, era, history_length=None):
         if task["status"] == "done":
             answer["artifacts"] = [{"artifactId": f"agora-result-{task_id}", "name": "result",
                                     "parts": [_a2a_text_part(era, task["result"] or "")]}]
-        history = [_a2a_message(era, "user", task["body"] or task["title"], task_id,
-                                context_id, message_id)]
-        history += [_a2a_message(era, role, text, task_id, context_id, mid)
-                    for mid, role, text in later.get(task_id, [])]
+        asked = (message_id, "user", task["body"] or task["title"])
+        history = [_a2a_message(era, role, text, task_id, context_id, mid)
+                   for mid, role, text in [asked] + later.get(task_id, [])]
         if history_length is None or history_length > 0:
             answer["history"] = history[-history_length:] if history_length else history
-        if era.kinds:
-            answer["kind"] = "task"
-        answers.append(answer)
+        answers.append(dict(answer, kind="task") if era.kinds else answer)
     return answers
 
 
 def _a2a_text(message):
-    """Answer the text of an A2A message: its text parts, text files and data as JSON.
-
-    A part agora cannot show as text is named in the text instead, so the task
-    still reaches the board and its reader knows something was left out.
-    """
+    """Answer the text of an A2A message: its text parts, text files and data as JSON; a part
+    agora cannot show as text is named instead, so the task still reaches the board and its
+    reader knows something was left out."""
     import base64
     if not isinstance(message, dict) or not isinstance(message.get("parts"), list):
         raise RpcError(-32602, "params.message must be a Message with parts")
@@ -4969,10 +4704,8 @@ def _a2a_text(message):
 
 
 def _camel_case(params):
-    """Answer PARAMS with snake_case keys spelled in camelCase, as ProtoJSON allows.
-
-    Only the request's own fields are respelled, never the contents of metadata.
-    """
+    """Answer PARAMS with snake_case keys spelled in camelCase, as ProtoJSON allows: the
+    request's own fields only, never the contents of metadata."""
     def respell(obj):
         return {re.sub(r"_([a-z])", lambda m: m.group(1).upper(), key): value
                 for key, value in obj.items()}
@@ -4984,16 +4717,16 @@ def _camel_case(params):
 
 
 # Methods of capabilities the card does not declare, with the error each gets.
-A2A_REFUSED = dict(
-    [(name, (-32004, "streaming is not supported: poll GetTask")) for name in (
-        "SendStreamingMessage", "SubscribeToTask", "message/stream", "tasks/resubscribe")]
-    + [(name, (-32003, "push notifications are not supported")) for name in (
-        "CreateTaskPushNotificationConfig", "GetTaskPushNotificationConfig",
-        "ListTaskPushNotificationConfigs", "DeleteTaskPushNotificationConfig",
-        "tasks/pushNotificationConfig/set", "tasks/pushNotificationConfig/get",
-        "tasks/pushNotificationConfig/list", "tasks/pushNotificationConfig/delete")]
-    + [(name, (-32007, "there is no extended agent card")) for name in (
-        "GetExtendedAgentCard", "agent/getAuthenticatedExtendedCard")])
+A2A_REFUSED = {
+    **dict.fromkeys(("SendStreamingMessage", "SubscribeToTask", "message/stream",
+                     "tasks/resubscribe"), (-32004, "streaming is not supported: poll GetTask")),
+    **dict.fromkeys(("CreateTaskPushNotificationConfig", "GetTaskPushNotificationConfig",
+                     "ListTaskPushNotificationConfigs", "DeleteTaskPushNotificationConfig",
+                     "tasks/pushNotificationConfig/set", "tasks/pushNotificationConfig/get",
+                     "tasks/pushNotificationConfig/list", "tasks/pushNotificationConfig/delete"),
+                    (-32003, "push notifications are not supported")),
+    **dict.fromkeys(("GetExtendedAgentCard", "agent/getAuthenticatedExtendedCard"),
+                    (-32007, "there is no extended agent card"))}
 
 
 def _a2a_era(request):
@@ -5002,10 +4735,8 @@ def _a2a_era(request):
 
 
 class A2AEndpoint(RpcEndpoint):
-    """A2A's JSON-RPC: a message becomes a board task its poster can follow.
-
-    BLOCK caps how long a blocking SendMessage waits for the task to finish.
-    """
+    """A2A's JSON-RPC: a message becomes a board task its poster can follow; BLOCK caps how
+    long a blocking SendMessage waits for the task to finish."""
 
     METHODS = {"SendMessage": "send", "message/send": "send", "GetTask": "get",
                "tasks/get": "get", "CancelTask": "cancel", "tasks/cancel": "cancel",
@@ -5049,8 +4780,7 @@ class A2AEndpoint(RpcEndpoint):
             raise RpcError(A2A_REFUSALS.get(type(error), -32603), error.message) from None
 
     def run(self, name, args):
-        """Run operation NAME (hidden ones too: A2A is built on them) for the caller;
-        answer its JSON body."""
+        """Answer the JSON body of operation NAME run for the caller (hidden ones too)."""
         return call(self.store, name, args, self.caller, hidden=True).body
 
     def own_task(self, raw_id):
@@ -5095,13 +4825,11 @@ class A2AEndpoint(RpcEndpoint):
             else:
                 metadata = params.get("metadata") or message.get("metadata") or {}
                 args = {"title": one_line(text.splitlines()[0])[:200], "body": text}
-                for key in ("tags", "priority"):
-                    if isinstance(metadata, dict) and metadata.get(key) is not None:
-                        args[key] = metadata[key]
+                args.update({key: metadata[key] for key in ("tags", "priority")
+                             if isinstance(metadata, dict) and metadata.get(key) is not None})
                 task_id = self.run("post_task", args)["id"]
-                db.execute("INSERT INTO a2a_tasks (task_id, context_id, message_id) "
-                           "VALUES (?, ?, ?)",
-                           (task_id, context_id or secrets.token_hex(16), message_id))
+                db.execute("INSERT INTO a2a_tasks (task_id, context_id, message_id) VALUES "
+                           "(?, ?, ?)", (task_id, context_id or secrets.token_hex(16), message_id))
         if not era.returns_at_once(configuration) and self.block > 0:
             self.store.watcher.wait(lambda: self.own_task(task_id)["status"] in FINISHED,
                                     self.block)
@@ -5194,10 +4922,8 @@ def _challenge(status):
 
 
 def rest_face(server, request):
-    """Answer a REST request: GET /api lists the catalog, /api/<op> runs one operation.
-
-    The one place agora's refusals become HTTP statuses and JSON bodies.
-    """
+    """Answer a REST request: GET /api lists the catalog, /api/<op> runs one operation;
+    the one place agora's refusals become HTTP statuses and JSON bodies (rest_answer)."""
     from urllib.parse import parse_qsl
     if request.route.op is None:
         return HttpAnswer(200, json_bytes(catalog_json()), what="catalog")
@@ -5236,16 +4962,16 @@ def rest_answer(name, text, run):
 def mcp_face(server, request):
     """Answer one MCP message over Streamable HTTP (stateless: no sessions)."""
     endpoint = McpEndpoint(server.store, request.caller, request.headers)
-    return mcp_answer(_wants_event_stream(request.headers),
-                      lambda: endpoint.answer(request.body))
+    return rpc_http_answer(_wants_event_stream(request.headers),
+                           lambda: endpoint.answer(request.body))
 
 
-def mcp_answer(event_stream, run):
+def rpc_http_answer(event_stream, run):
     """Answer the HttpAnswer of RUN()'s RpcReply, as one SSE event when EVENT_STREAM."""
     try:
         reply = run()
     except Parked as parked:
-        parked.wrap(functools.partial(mcp_answer, event_stream))
+        parked.wrap(functools.partial(rpc_http_answer, event_stream))
         raise
     headers = _challenge(reply.status)
     if reply.message is None:
@@ -5262,11 +4988,8 @@ def a2a_face(server, request):
     caller = request.caller
     if caller.name is None and caller.token is None and server.a2a_guest:
         caller = caller._replace(name=server.a2a_guest, asserted=True)
-    reply = A2AEndpoint(server.store, caller, request.headers, server.a2a_block).answer(
-        request.body)
-    payload = b"" if reply.message is None else json_bytes(reply.message)
-    return HttpAnswer(reply.status, payload, _challenge(reply.status) if payload else [],
-                      reply.label, caller.name)
+    endpoint = A2AEndpoint(server.store, caller, request.headers, server.a2a_block)
+    return rpc_http_answer(False, lambda: endpoint.answer(request.body))._replace(agent=caller.name)
 
 
 def card_face(server, request):
@@ -5277,9 +5000,8 @@ def card_face(server, request):
     payload = json_bytes(agent_card(base))
     etag = '"' + hashlib.sha256(payload).hexdigest()[:32] + '"'
     headers = [("ETag", etag), ("Cache-Control", "public, max-age=300")]
-    if etag in (request.headers.get("If-None-Match") or ""):
-        return HttpAnswer(304, b"", headers, "agent-card")
-    return HttpAnswer(200, payload, headers, "agent-card")
+    fresh = etag in (request.headers.get("If-None-Match") or "")
+    return HttpAnswer(304 if fresh else 200, b"" if fresh else payload, headers, "agent-card")
 
 
 def page_face(server, request):
@@ -5327,9 +5049,7 @@ def head_line(raw):
     """Answer a line of a request's head as text, without its line end (CRLF, or LF); None
     when it holds a CR that ends no line, or a NUL: a reader in front that splits lines on
     a bare CR (the email package did) would see another request in it."""
-    text = raw.decode("iso-8859-1")
-    text = text[:-1] if text.endswith("\n") else text
-    text = text[:-1] if text.endswith("\r") else text
+    text = raw.decode("iso-8859-1").removesuffix("\n").removesuffix("\r")
     return None if "\r" in text or "\0" in text else text
 
 
@@ -5481,11 +5201,10 @@ class RequestLog:
 class RequestHandler:
     """HTTP framing for the faces; mixed into BaseHTTPRequestHandler.
 
-    Every request takes one path: read the body (always, so a keep-alive
-    connection stays in step), find the route (404), check the method (405,
-    whatever the headers), check Host and Origin (403), then let the face
-    answer. Kept free of http.server at import time so one-shot CLI calls stay
-    fast; make_server() composes the real handler class.
+    Every request takes one path: read the body (always, so a keep-alive connection stays in
+    step), find the route (404), check the method (405, whatever the headers), check Host and
+    Origin (403), then let the face answer. Kept free of http.server at import time so
+    one-shot CLI calls stay fast; make_server() composes the real handler class.
     """
 
     server_version = f"agora/{__version__}"
@@ -5705,10 +5424,9 @@ class RequestHandler:
         return body
 
     def client_listening(self):
-        """Answer whether the client can still take an answer: not once it has closed its
-        side of the connection, as a client does that gives up waiting, times out or is
-        killed. Linux says so even when the client sent more before it closed (POLLRDHUP);
-        elsewhere a read that would not block finds the end."""
+        """Answer whether the client can still take an answer: not once it closed its side of
+        the connection (gave up waiting, timed out, was killed). Linux says so even when it
+        sent more first (POLLRDHUP); elsewhere a read that would not block finds the end."""
         import select
         import socket
         if hasattr(select, "POLLRDHUP"):
@@ -6026,10 +5744,9 @@ WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 def allowed_hosts(host, port, extra=(), public_url=None):
     """Answer the Host values a server on HOST:PORT answers to (None: any).
 
-    The EXTRA names, with the port, and: on loopback localhost, 127.0.0.1 and
-    [::1]; elsewhere the bind address unless it is a wildcard; and the host of
-    PUBLIC_URL as clients send it. None only for a wildcard bind with neither,
-    which serve refuses (a rebound DNS name would reach it).
+    The EXTRA names, with the port, and: on loopback localhost, 127.0.0.1 and [::1];
+    elsewhere the bind address unless it is a wildcard; and the host of PUBLIC_URL as
+    clients send it. None only for a wildcard bind with neither, which serve refuses.
     """
     names = {name.lower() for name in extra}
     if is_loopback(host):
@@ -6045,15 +5762,12 @@ def allowed_hosts(host, port, extra=(), public_url=None):
 
 
 def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **settings):
-    """Answer a bound (not yet serving) HTTP server for STORE.
-
-    ALLOW_HOSTS adds Host names to answer to; SETTINGS are Server's (quiet,
-    public_url, a2a_guest, a2a_block, the timeouts and max_connections).
-    """
+    """Answer a bound (not yet serving) HTTP server for STORE: ALLOW_HOSTS adds Host names to
+    answer to; SETTINGS are Server's (quiet, public_url, a2a_guest, a2a_block, the timeouts
+    and max_connections)."""
     import hashlib          # every request's token is hashed: loaded now, while descriptors
-    import heapq            # are to be had, not at the first request; so are what the
-    import socket           # Parker keeps its timers with and what a bug's report needs
-    import traceback        # (report_bug)
+    import socket           # are to be had, not at the first request; so is what a bug's
+    import traceback        # report needs (report_bug)
     from http.server import BaseHTTPRequestHandler, HTTPServer
     handler = type("AgoraRequestHandler", (RequestHandler, BaseHTTPRequestHandler), {})
     server_class = type("AgoraServer", (Server, HTTPServer), {
@@ -6092,14 +5806,10 @@ def raise_open_files_limit():
 
 
 def serve(store, host, port, **options):
-    """Serve HTTP until SIGTERM or Ctrl-C, then close cleanly; answer the exit status.
-
-    OPTIONS are make_server's.
-    """
+    """Serve HTTP (OPTIONS: make_server's) until SIGTERM or Ctrl-C, then close cleanly; answer 0."""
     import signal
-    # A thread that computes at length (a reserve's overlap checks, a wide search) hands
-    # the GIL on within a millisecond rather than Python's five, so each step of the
-    # other requests (the writer's statements, a handler's parse) waits that much less.
+    # A thread that computes at length (a reserve's overlap checks, a wide search) hands the
+    # GIL on within a millisecond rather than Python's five: the other requests wait less.
     sys.setswitchinterval(SWITCH_INTERVAL)
     raise_open_files_limit()
     server = make_server(store, host, port, **options)
@@ -6143,16 +5853,13 @@ def serve_stdio(answer, stdin, stdout, on_initialized=None):
     """Speak MCP on binary streams, one JSON message per line; answer 0 at end of input.
 
     ANSWER(data, line) gives the reply to one message DATA (None for none), its caller
-    answered over LINE (a Line): once the input has ended the client is gone, so a wait
-    still running then (for a short grace) delivers nothing, and an answer that cannot
-    be written is taken back. Each message is answered in its own thread, so a long
-    read wait=... never holds up a ping or another call arriving on the same input.
+    answered over LINE: once the input has ended the client is gone, so a wait still
+    running then (for a short grace) delivers nothing, and an unwritten answer is taken
+    back. Each message has its own thread, so a long read wait=... holds up no other.
     ON_INITIALIZED(write), if given, runs in a thread of its own once the client says
-    notifications/initialized; WRITE(message) is the one way onto stdout, so lines never
-    interleave.
+    notifications/initialized; WRITE(message) is the one way onto stdout, so no lines interleave.
     """
-    write_lock, ended = threading.Lock(), threading.Event()
-    running = []
+    write_lock, ended, running = threading.Lock(), threading.Event(), []
 
     def write(message):
         line = json_bytes(message) + b"\n"
@@ -6204,10 +5911,8 @@ REMOTE_TIMEOUT = MAX_WAIT + 30   # seconds: longer than the longest read wait
 
 
 def http_post(url, data, headers, timeout=REMOTE_TIMEOUT):
-    """POST DATA to URL; answer (status, content type, body). Raise Unreachable.
-
-    https:// URLs are checked against the system's trust store.
-    """
+    """POST DATA to URL; answer (status, content type, body); raise Unreachable. An
+    https:// URL is checked against the system's trust store."""
     import urllib.error
     import urllib.request
     try:
@@ -6231,9 +5936,8 @@ def remote_call(url, token, name, args, want_json, timeout=REMOTE_TIMEOUT):
     """Run operation NAME on the agora at URL; answer its JSON body (or, unless WANT_JSON,
     its text). A refusal is raised as the AgoraError of its status, as a local one is."""
     headers = {"Content-Type": "application/json",
-               "Accept": "application/json" if want_json else "text/plain"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
+               "Accept": "application/json" if want_json else "text/plain",
+               **({"Authorization": f"Bearer {token}"} if token else {})}
     status, kind, body = http_post(f"{url.rstrip('/')}/api/{name}", json_bytes(args), headers,
                                    timeout)
     text = body.decode("utf-8", "replace").strip()
@@ -6253,12 +5957,11 @@ def remote_call(url, token, name, args, want_json, timeout=REMOTE_TIMEOUT):
 
 
 def bridge_answer(url, token, channel=False):
-    """Answer a function that forwards one MCP message to the agora at URL's /mcp.
-
-    As a CHANNEL it answers the stateless revision itself (-32601, as the
-    local channel does) and declares the channel in the server's initialize.
-    """
+    """Answer a function that forwards one MCP message to the agora at URL's /mcp. As a
+    CHANNEL it answers the stateless revision itself (-32601, as the local channel does)
+    and declares the channel in the server's initialize."""
     endpoint = url.rstrip("/") + "/mcp"
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
 
     def forward(data, line):
         # the server holds what it delivers: it sees the hang-up when this process ends
@@ -6266,9 +5969,6 @@ def bridge_answer(url, token, channel=False):
             message = parse_json(data)
         except ValueError as e:
             return rpc_error(None, -32700, f"Parse error: {e}")
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
         if not isinstance(message, dict):
             message = {}
         request_id, method = message.get("id"), message.get("method")
@@ -6276,7 +5976,8 @@ def bridge_answer(url, token, channel=False):
         if channel and (routing or method == "server/discover"):
             return rpc_error(request_id, -32601, f"Method not found: {str(method)[:60]} "
                                                  "(this channel speaks the initialize handshake)")
-        headers.update(routing or {})
+        headers = {"Content-Type": "application/json", "Accept": "application/json", **auth,
+                   **(routing or {})}
         try:
             status, kind, body = http_post(endpoint, data, headers)
         except Unreachable as error:
@@ -6358,7 +6059,7 @@ def ops_markdown():
 def _parse_address(text):
     host, sep, port = text.rpartition(":")
     if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
-        raise ValueError(f"--addr must be HOST:PORT with a port up to 65535, not {text!r}")
+        raise UsageError(f"--addr must be HOST:PORT with a port up to 65535, not {text!r}")
     return host, int(port)
 
 
@@ -6457,8 +6158,7 @@ class UsageError(ValueError):
 
 
 def bearer_token(options):
-    """Answer the bearer token for --url: --token, else the --token-file's, else
-    $AGORA_TOKEN."""
+    """Answer the bearer token for --url: --token, else the --token-file's, else $AGORA_TOKEN."""
     if options.token or not options.token_file:
         return options.token or os.environ.get("AGORA_TOKEN")
     try:
@@ -6469,27 +6169,16 @@ def bearer_token(options):
                          f"{error.strerror}") from None
 
 
-def _identity(options):
-    """Answer the local name to act as, or None; refuse --as together with --url.
-
-    Over --url the token says who the caller is, so a name given with --as
-    would be silently ignored: that is refused instead. $AGORA_AS only counts
-    for the local file.
-    """
+def _link(options, timeout=REMOTE_TIMEOUT, operator=False):
+    """Answer the AgentLink OPTIONS name; raise UsageError when they name no agent (with
+    OPERATOR none is needed: whoever runs agora on its file may join), or --as with --url:
+    there the token says who the caller is, and --as would be ignored."""
     if options.url:
         if options.as_name:
             raise UsageError("--as names a local identity; with --url the token says who "
                              "you are")
-        return None
-    return options.as_name or os.environ.get("AGORA_AS") or None
-
-
-def _link(options, timeout=REMOTE_TIMEOUT, operator=False):
-    """Answer the AgentLink OPTIONS name; raise UsageError when they name no agent (with
-    OPERATOR none is needed: whoever runs agora on its file may join)."""
-    as_name = _identity(options)
-    if options.url:
         return AgentLink(url=options.url, token=bearer_token(options), timeout=timeout)
+    as_name = options.as_name or os.environ.get("AGORA_AS") or None
     if not as_name and not operator:
         raise UsageError("no identity: pass --as NAME (or set $AGORA_AS), or --url and --token")
     return AgentLink(db=getattr(options, "db", None), name=as_name, timeout=timeout)
@@ -6503,16 +6192,14 @@ def _run_op(name, options):
         if not sep or not key:
             raise UsageError(f"expected key=value, got {pair!r}")
         args[key] = sys.stdin.read().rstrip("\n") if value == "-" else value
-    link = _link(options, operator=name == "join")
-    try:
-        answer = link.ask(name, args, text=not options.json)
-    except Unauthorized as error:
-        if not options.url:
-            raise
-        raise Unauthorized(f"the server refused the token (401): {error.message}",
-                           hint=error.hint) from None
-    finally:
-        link.close()
+    with contextlib.closing(_link(options, operator=name == "join")) as link:
+        try:
+            answer = link.ask(name, args, text=not options.json)
+        except Unauthorized as error:
+            if not options.url:
+                raise
+            raise Unauthorized(f"the server refused the token (401): {error.message}",
+                               hint=error.hint) from None
     print(json.dumps(answer, ensure_ascii=False, indent=2) if options.json else answer)
     return 0
 
@@ -6523,8 +6210,7 @@ def _ops_command(options):
         sys.stdout.write(ops_markdown())
         return 0
     for op in public_operations():
-        flags = " (read-only)" if op.readonly else ""
-        print(f"{op.name} {op.usage()}{flags}\n    {op.summary}")
+        print(f"{op.name} {op.usage()}{' (read-only)' if op.readonly else ''}\n    {op.summary}")
     return 0
 
 
@@ -6621,9 +6307,8 @@ def private_cache():
         found = os.stat(folder)
     except OSError:
         return None
-    if not hasattr(os, "getuid") or found.st_uid != os.getuid() or found.st_mode & 0o77:
-        return None
-    return folder
+    own = hasattr(os, "getuid") and found.st_uid == os.getuid() and not found.st_mode & 0o77
+    return folder if own else None
 
 
 def cache_bytecode():
@@ -6653,12 +6338,11 @@ def cache_bytecode():
 
 
 def _restart_from_bytecode(argv):
-    """Run this command again, in this same process, through the launcher: isolated, with
-    agora from its bytecode cache. A script is compiled whole on every start, and what the
-    compiler leaves behind stays resident for the process's life (some 14 MB of a 39 MB
-    server); a long-lived command should not carry that. Nothing happens when agora runs
-    as the launcher's module already, where exec is not the same process (Windows), or
-    when there is no private cache."""
+    """Run this command again, in this same process, through the launcher (isolated, agora
+    from its bytecode cache): a script is compiled whole on every start, and what the
+    compiler leaves stays resident (some 14 MB of a 39 MB server), which a long-lived
+    command should not carry. Nothing happens when agora runs as the launcher's module
+    already, where exec is not the same process (Windows), or without a private cache."""
     if __name__ != "__main__" or os.name != "posix" or not cache_bytecode():
         return
     sys.stdout.flush()
@@ -6671,9 +6355,8 @@ INSTALL_MARK = "# agora command:"
 
 def _install_command(options):
     """Write the `agora` command into a folder (default ~/.local/bin): a shell script that
-    runs this file's command line through the launcher, isolated and from the bytecode
-    cache, for cron jobs and agents that call the CLI. A file there that is not agora's
-    command, or that is this very agora file, is left untouched."""
+    runs this file's command line through the launcher, for cron jobs and agents that call
+    the CLI. A file there that is not agora's command, or is this very file, is left alone."""
     source = os.path.abspath(__file__)
     folder = os.path.abspath(os.path.expanduser(options.folder or DEFAULT_BIN))
     target = os.path.join(folder, "agora")
@@ -6754,45 +6437,40 @@ def _size_text(size):
 
 def _backup_command(options):
     """Copy the live file to PATH as it stood at one moment, while others go on writing.
-
-    SQLite's online backup copies it in steps inside one read transaction: in WAL a
-    reader holds up no writer, and each step sees the same snapshot, so the copy is
-    whole and consistent. It is written beside PATH under a temp name, synced, then
-    renamed into place: a backup that fails leaves no half file. The copy stands alone:
-    whatever -wal, -shm or -journal was left beside PATH goes before it arrives.
-    """
+    SQLite's online backup copies it in steps inside one read transaction (in WAL a reader
+    holds up no writer): each step sees the same snapshot, so the copy is consistent. It
+    is written beside PATH under a temp name, synced, then renamed into place, after any
+    -wal, -shm or -journal left beside PATH is gone: a failed backup leaves no half file."""
     import tempfile
     source = os.path.abspath(_existing_file(options))
     target = _backup_target(source, options.path, options.force)
-    store = Store(source)
-    try:
-        handle, temp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".agora-backup-")
-        os.close(handle)
+    with contextlib.closing(Store(source)) as store:
         try:
-            with contextlib.closing(sqlite3.connect(temp, isolation_level=None)) as copy:
-                with store.autocommit() as db:
-                    db.execute("BEGIN")
-                    try:
-                        db.execute("SELECT count(*) FROM agents").fetchone()   # the moment
-                        db.backup(copy, pages=1024)
-                    finally:
-                        db.execute("COMMIT")
-                summary = file_summary(copy)
-            with open(temp, "rb+") as f:
-                os.fsync(f.fileno())
-            for suffix in SIDE_FILES:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(target + suffix)
-            os.replace(temp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.remove(temp)
-            raise
-    except (OSError, sqlite3.Error) as error:
-        raise StoreError(f"the backup to {target} failed: "
-                         f"{getattr(error, 'strerror', None) or error}") from None
-    finally:
-        store.close()
+            handle, temp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".agora-backup-")
+            os.close(handle)
+            try:
+                with contextlib.closing(sqlite3.connect(temp, isolation_level=None)) as copy:
+                    with store.autocommit() as db:
+                        db.execute("BEGIN")
+                        try:
+                            db.execute("SELECT count(*) FROM agents").fetchone()   # the moment
+                            db.backup(copy, pages=1024)
+                        finally:
+                            db.execute("COMMIT")
+                    summary = file_summary(copy)
+                with open(temp, "rb+") as f:
+                    os.fsync(f.fileno())
+                for suffix in SIDE_FILES:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(target + suffix)
+                os.replace(temp, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.remove(temp)
+                raise
+        except (OSError, sqlite3.Error) as error:
+            raise StoreError(f"the backup to {target} failed: "
+                             f"{getattr(error, 'strerror', None) or error}") from None
     print(f"backed up {source} to {target}: {_size_text(os.path.getsize(target))}, {summary}")
     return 0
 
@@ -6920,8 +6598,7 @@ def news_batches(link, tasks, deadline=None, peek=False):
     shown before (NewsMark): a path that may never reach the model, such as a channel
     the client switched off, must not hide news from the hooks. A peek answers at once
     while there is untold news, so between peeks that found nothing fresh the loop
-    waits for the file to change (polls, backing off, over --url).
-    """
+    waits for the file to change (polls, backing off, over --url)."""
     shown, backoff = NewsMark() if peek else None, 1
     while deadline is None or time.monotonic() < deadline:
         left = MAX_WAIT if deadline is None else deadline - time.monotonic()
@@ -6973,20 +6650,16 @@ def _hook_input():
 
 
 def running_client(written):
-    """Answer which client runs this hook, written for client WRITTEN: GitHub Copilot CLI
-    also runs the hooks of Claude Code's files (as a shell string), and says so in the
-    environment it gives every hook (COPILOT_CLI); it takes its own answer shape, and has
-    no idle wake."""
+    """Answer which client runs this hook, written for client WRITTEN: GitHub Copilot CLI also
+    runs Claude Code's hooks (as a shell string) and sets COPILOT_CLI in every hook's
+    environment; it takes its own answer shape, and has no idle wake."""
     return "copilot" if written == "claude" and os.environ.get("COPILOT_CLI") else written
 
 
 def interactive_session():
-    """Answer whether the client runs this hook in a session a person attends.
-
-    Claude Code backgrounds an asyncRewake hook only there; headless (claude -p, the
-    SDKs) it waits for the hook, so a waiter would stall the run and swallow the news.
-    Claude Code names its entry point: ``cli`` interactive, ``sdk-cli``/``sdk-*`` not.
-    """
+    """Answer whether the client runs this hook in a session a person attends (Claude
+    Code's entry point is ``cli``, not ``sdk-*``): only there does Claude Code background an
+    asyncRewake hook; headless (claude -p, the SDKs) a waiter would stall the run."""
     return not os.environ.get("CLAUDE_CODE_ENTRYPOINT", "").startswith("sdk")
 
 
@@ -7018,9 +6691,8 @@ def _wake_lock(key):
     except ImportError:                 # no flock here: every waiter runs
         return contextlib.nullcontext()
     agora_folder("wake")
-    path = wake_lock_path(key)
-    handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
-                               0o600), "r+b")
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    handle = os.fdopen(os.open(wake_lock_path(key), flags, 0o600), "r+b")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -7090,28 +6762,23 @@ def _run_hook(options):
 
 def _wait_command(options):
     """Block until there is news and print it (with --follow: each batch, until the timeout)."""
-    link = _link(options)
-    deadline = None if options.timeout is None else time.monotonic() + options.timeout
-    printed = False
-    try:
-        for body in news_batches(link, options.tasks, deadline):
-            print(body["summary"], flush=True)
-            printed = True
-            if not options.follow:
-                break
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        link.close()
+    with contextlib.closing(_link(options)) as link:
+        deadline = None if options.timeout is None else time.monotonic() + options.timeout
+        printed = False
+        try:
+            for body in news_batches(link, options.tasks, deadline):
+                print(body["summary"], flush=True)
+                printed = True
+                if not options.follow:
+                    break
+        except KeyboardInterrupt:
+            return 130
     return 0 if printed else 124
 
 
 def channel_events(body, now):
-    """Answer the notifications/claude/channel messages for one batch of news.
-
-    Meta values are strings and keys only [a-z_] (Claude Code drops others);
-    '<' and '>' of peer text are replaced, so no peer can close the tag.
-    """
+    """Answer the notifications/claude/channel messages for one batch of news (peer text
+    through for_model): meta values are strings and keys only [a-z_] (Claude Code drops others)."""
     def event(kind, text, ids):
         return {"jsonrpc": "2.0", "method": "notifications/claude/channel",
                 "params": {"content": for_model(text), "meta": {
@@ -7128,12 +6795,9 @@ def channel_events(body, now):
 
 
 def channel_notifier(link, tasks):
-    """Answer the stdio notifier of a channel: it pushes each batch of LINK's news.
-
-    It only peeks: Claude Code drops a channel's notifications silently when channels
-    are off for the session, so what it pushed may never reach the model and stays
-    news for the hooks (a duplicate at worst, never a loss).
-    """
+    """Answer the stdio notifier of a channel: it pushes each batch of LINK's news. It only
+    peeks: Claude Code drops a channel's notifications silently when channels are off, so
+    what it pushed stays news for the hooks (a duplicate at worst, never a loss)."""
     def notify(write):
         while True:
             try:
@@ -7317,13 +6981,10 @@ def _git(*args):
 
 
 def _guard_check(options):
-    """Check paths (default: the staged ones) against other agents' exclusive reservations.
-
-    Each hit is a line on stderr and exit 1; none: silent, 0. When agora cannot be
-    reached, warn and exit 0 (a commit is never held hostage by a server that is
-    down), 1 with --strict; an answer that refuses (a bad project, token or name)
-    fails the commit with its reason.
-    """
+    """Check paths (default: the staged ones) against other agents' exclusive reservations:
+    each hit is a line on stderr and exit 1; none: silent, 0. When agora cannot be reached,
+    warn and exit 0 (a server that is down never holds a commit hostage), 1 with --strict;
+    a refusal (a bad project, token or name) fails the commit with its reason."""
     try:
         paths = options.paths or [path for path in _git(
             "diff", "--cached", "--name-only", "-z").split("\0") if path]
@@ -7334,11 +6995,9 @@ def _guard_check(options):
         return 0
     try:
         with contextlib.closing(_link(options, HOOK_TIMEOUT)) as link:
-            hits = []                   # the server decides who keeps whom off which path
-            for first in range(0, len(paths), MAX_PATTERNS):
-                hits.append(link.ask("reservations", {
-                    "project": options.project, "paths": paths[first:first + MAX_PATTERNS],
-                    "limit": MAX_LIMIT}, text=True))
+            hits = [link.ask("reservations", {  # the server decides who keeps whom off which path
+                "project": options.project, "paths": paths[first:first + MAX_PATTERNS],
+                "limit": MAX_LIMIT}, text=True) for first in range(0, len(paths), MAX_PATTERNS)]
     except (Unreachable, StoreError) as error:
         print(f"agora guard: not checked: {error.message}", file=sys.stderr)
         return 1 if options.strict else 0
@@ -7374,10 +7033,8 @@ def _hooks_folder(top, force):
 
 def _guard_install(options):
     """Write the repository's pre-commit hook; a hook already there is kept and runs first.
-
-    It first asks agora about the project as the hook will, so an identity or project
-    that agora refuses is said now, not at the first commit.
-    """
+    Agora is asked about the project as the hook will, so a refusal is said now, not at
+    the first commit."""
     try:
         top = _git("rev-parse", "--show-toplevel").strip()
     except OSError as error:
@@ -7401,12 +7058,11 @@ def _guard_install(options):
             if os.path.lexists(before):
                 raise Conflict(f"{hook} and {before} both exist; left untouched")
             os.replace(hook, before)
-    command = shell_words(agora_argv("guard", *identity))
     write_file(hook, f"""#!/bin/sh
 {GUARD_MARK} refuse a commit that touches paths another agent reserved.
 # Written by agora.py guard install; the hook that was here before runs first.
 if [ -x "$0.before-agora" ]; then "$0.before-agora" "$@" || exit $?; fi
-exec {command}
+exec {shell_words(agora_argv("guard", *identity))}
 """, executable=True)
     cache_bytecode()
     kept = " (the hook that was there runs first)" if os.path.exists(before) else ""
@@ -7424,10 +7080,7 @@ def _guard_command(options):
 
 def _serve_command(options):
     """Serve HTTP on --addr until stopped; refuse (usage) an address that would be unsafe."""
-    try:
-        host, port = _parse_address(options.addr)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+    host, port = _parse_address(options.addr)
     if not is_loopback(host) and not options.join_key and not options.open:
         raise UsageError(f"refusing to serve on {host} without a join key: anyone who can "
                          "reach it could join. Pass --join-key KEY (or set $AGORA_JOIN_KEY), "
@@ -7455,14 +7108,14 @@ def _serve_command(options):
 
 
 # The command line's own commands, beside the operations: what runs each; whether its
-# process lives on (a server, an MCP session), which then restarts from agora's bytecode
-# first (_restart_from_bytecode); the options it needs ("db": --db, "remote": --url and
-# its token, "agent": --as and --tasks), and its help. The parser adds its own arguments.
+# process lives on (a server, an MCP session: _restart_from_bytecode first); the options
+# it needs ("db": --db, "remote": --url and its token, "as": --as, "agent": --as and
+# --tasks), and its help. The parser adds its own arguments.
 CliCommand = namedtuple("CliCommand", "run long_lived needs help")
 CLI_COMMANDS = {
     "serve": CliCommand(_serve_command, True, ("db",), "serve HTTP (REST)"),
-    "stdio": CliCommand(_stdio_command, True, ("db", "remote"), "speak MCP on stdin/stdout "
-                        "as one agent (with --url: a bridge to a remote agora)"),
+    "stdio": CliCommand(_stdio_command, True, ("db", "remote", "as"), "speak MCP on "
+                        "stdin/stdout as one agent (with --url: a bridge to a remote agora)"),
     "wait": CliCommand(_wait_command, False, ("db", "remote", "agent"),
                        "block until there is news, print it"),
     "hook": CliCommand(_hook_command, False, ("db", "remote", "agent"),
@@ -7481,11 +7134,9 @@ CLI_COMMANDS = {
 
 
 def _build_parser(command=None, argv=()):
-    """Answer the argument parser; for an operation, with that operation's parser only.
-
-    Building all of them costs milliseconds that a one-shot command would
-    spend for nothing; the full set is built for help and for unknown words.
-    """
+    """Answer the argument parser; for an operation, with that operation's parser only:
+    building all of them costs a one-shot command milliseconds for nothing. The full set
+    is built for help and for unknown words."""
     import argparse
 
     class Parser(argparse.ArgumentParser):
@@ -7535,92 +7186,82 @@ def _build_parser(command=None, argv=()):
                                          "command line, so prefer those)")
     remote.add_argument("--token-file", metavar="PATH",
                         help="read the bearer token for --url from this file")
-    agent = Parser(add_help=False)
-    agent.add_argument("--as", dest="as_name", metavar="NAME",
+    local = Parser(add_help=False)
+    local.add_argument("--as", dest="as_name", metavar="NAME",
                        help="act as this agent on the local file (default $AGORA_AS)")
+    agent = Parser(add_help=False, parents=[local])
     agent.add_argument("--tasks", action="store_true",
                        help="tasks that become ready to claim are news too")
-    needs = {"db": common, "remote": remote, "agent": agent}
+    needs = {"db": common, "remote": remote, "as": local, "agent": agent}
     built = {name: commands.add_parser(name, parents=[needs[need] for need in spec.needs],
                                        help=spec.help)
              for name, spec in CLI_COMMANDS.items() if wanted(name)}
     if "serve" in built:
-        serve_parser = built["serve"]
-        serve_parser.add_argument("--addr", default=f"127.0.0.1:{DEFAULT_PORT}",
-                                  help="HOST:PORT to listen on; port 0 picks a free one")
-        serve_parser.add_argument("--join-key", default=os.environ.get("AGORA_JOIN_KEY"),
-                                  help="the key join must present (default $AGORA_JOIN_KEY)")
-        serve_parser.add_argument("--open", action="store_true",
-                                  help="allow a non-loopback address without a join key")
-        serve_parser.add_argument("--allow-host", action="append", default=[], metavar="HOST",
-                                  help="also answer to this Host (repeatable)")
-        serve_parser.add_argument("--quiet", action="store_true", help="log no requests")
-        serve_parser.add_argument("--public-url", metavar="URL",
-                                  help="the base URL clients reach, for the A2A agent card "
-                                       "(default: the request's Host)")
-        serve_parser.add_argument("--a2a-guest", metavar="NAME",
-                                  help="let A2A requests without a token act as agent NAME")
-        serve_parser.add_argument("--a2a-block", type=int, default=A2A_DEFAULT_BLOCK,
-                                  metavar="SECONDS", help="longest wait of a blocking A2A "
-                                  f"SendMessage (default {A2A_DEFAULT_BLOCK})")
-        serve_parser.add_argument("--max-waiters", type=int, default=Server.max_waiters,
-                                  metavar="N", help="waiting requests held at once; past it "
-                                  "the longest waiting is answered 'nothing new' (default "
-                                  f"{Server.max_waiters:,}, fewer if open files are short)")
+        add = built["serve"].add_argument
+        add("--addr", default=f"127.0.0.1:{DEFAULT_PORT}",
+            help="HOST:PORT to listen on; port 0 picks a free one")
+        add("--join-key", default=os.environ.get("AGORA_JOIN_KEY"),
+            help="the key join must present (default $AGORA_JOIN_KEY)")
+        add("--open", action="store_true", help="allow a non-loopback address without a join key")
+        add("--allow-host", action="append", default=[], metavar="HOST",
+            help="also answer to this Host (repeatable)")
+        add("--quiet", action="store_true", help="log no requests")
+        add("--public-url", metavar="URL", help="the base URL clients reach, for the A2A agent "
+            "card (default: the request's Host)")
+        add("--a2a-guest", metavar="NAME",
+            help="let A2A requests without a token act as agent NAME")
+        add("--a2a-block", type=int, default=A2A_DEFAULT_BLOCK, metavar="SECONDS",
+            help=f"longest wait of a blocking A2A SendMessage (default {A2A_DEFAULT_BLOCK})")
+        add("--max-waiters", type=int, default=Server.max_waiters, metavar="N",
+            help="waiting requests held at once; past it the longest waiting is answered "
+                 f"'nothing new' (default {Server.max_waiters:,}, fewer if open files are short)")
     if "stdio" in built:
-        stdio_parser = built["stdio"]
-        stdio_parser.add_argument("--as", dest="as_name", metavar="NAME",
-                                  help="act as this agent on the local file (default $AGORA_AS)")
-        stdio_parser.add_argument("--channel", action="store_true",
-                                  help="also be a Claude Code channel: push news as it comes")
-        stdio_parser.add_argument("--tasks", action="store_true",
-                                  help="with --channel: tasks that become ready are news too")
+        add = built["stdio"].add_argument
+        add("--channel", action="store_true",
+            help="also be a Claude Code channel: push news as it comes")
+        add("--tasks", action="store_true",
+            help="with --channel: tasks that become ready are news too")
     if "wait" in built:
-        wait_parser = built["wait"]
-        wait_parser.add_argument("--timeout", type=float, metavar="SECONDS",
-                                 help="give up after this long: no output, exit 124")
-        wait_parser.add_argument("--follow", action="store_true",
-                                 help="keep going: print each batch of news as it comes")
+        add = built["wait"].add_argument
+        add("--timeout", type=float, metavar="SECONDS",
+            help="give up after this long: no output, exit 124")
+        add("--follow", action="store_true",
+            help="keep going: print each batch of news as it comes")
     if "hook" in built:
-        hook_parser = built["hook"]
-        hook_parser.add_argument("event", choices=HOOK_EVENTS + ("install",))
-        hook_parser.add_argument("target", nargs="?", choices=tuple(HOOK_CLIENTS),
-                                 help="with install: the client to install the hooks for")
-        hook_parser.add_argument("--client", choices=tuple(HOOK_CLIENTS), default="claude")
-        hook_parser.add_argument("--timeout", type=float, default=WAKE_TIMEOUT, metavar="SECONDS",
-                                 help=f"how long wake waits (default {WAKE_TIMEOUT})")
-        hook_parser.add_argument("--dir", default=".", help="with install: the project folder")
-        hook_parser.add_argument("--user", action="store_true",
-                                 help="with install: the user's settings, for every project")
-        hook_parser.add_argument("--project", action="store_true",
-                                 help="with install: the project's settings, for a client "
-                                      "whose hooks go to the user's by default (copilot)")
+        add = built["hook"].add_argument
+        add("event", choices=HOOK_EVENTS + ("install",))
+        add("target", nargs="?", choices=tuple(HOOK_CLIENTS),
+            help="with install: the client to install the hooks for")
+        add("--client", choices=tuple(HOOK_CLIENTS), default="claude")
+        add("--timeout", type=float, default=WAKE_TIMEOUT, metavar="SECONDS",
+            help=f"how long wake waits (default {WAKE_TIMEOUT})")
+        add("--dir", default=".", help="with install: the project folder")
+        add("--user", action="store_true",
+            help="with install: the user's settings, for every project")
+        add("--project", action="store_true", help="with install: the project's settings, for a "
+            "client whose hooks go to the user's by default (copilot)")
     if "guard" in built:
-        guard_parser = built["guard"]
-        guard_parser.add_argument("paths", nargs="*", metavar="PATH",
-                                  help="paths to check (default: what git has staged)")
-        guard_parser.add_argument("--project", default="", help="the project of the reservations")
-        guard_parser.add_argument("--strict", action="store_true",
-                                  help="refuse (exit 1) when agora cannot be reached")
-        guard_parser.add_argument("--force", action="store_true",
-                                  help="with install: write into a hooks folder outside the "
-                                       "repository, or one git tracks")
-        guard_parser.set_defaults(paths_after_dashes="--" in argv)
+        add = built["guard"].add_argument
+        add("paths", nargs="*", metavar="PATH",
+            help="paths to check (default: what git has staged)")
+        add("--project", default="", help="the project of the reservations")
+        add("--strict", action="store_true", help="refuse (exit 1) when agora cannot be reached")
+        add("--force", action="store_true", help="with install: write into a hooks folder outside "
+            "the repository, or one git tracks")
+        built["guard"].set_defaults(paths_after_dashes="--" in argv)
     if "ops" in built:
         built["ops"].add_argument("--markdown", action="store_true", help="as README's table")
     if "check" in built:
         built["check"].add_argument("--repair", action="store_true",
                                     help="rebuild a damaged search index")
     if "backup" in built:
-        built["backup"].add_argument("path", metavar="PATH", help="the copy to write")
-        built["backup"].add_argument("--force", action="store_true",
-                                     help="replace PATH if it exists")
+        add = built["backup"].add_argument
+        add("path", metavar="PATH", help="the copy to write")
+        add("--force", action="store_true", help="replace PATH if it exists")
     if "install" in built:
         built["install"].add_argument("folder", nargs="?", metavar="DIR",
                                       help=f"where to write it (default {DEFAULT_BIN})")
-    identity = Parser(add_help=False)
-    identity.add_argument("--as", dest="as_name", metavar="NAME",
-                          help="act as this agent on the local file (default $AGORA_AS)")
+    identity = Parser(add_help=False, parents=[local])
     identity.add_argument("--json", action="store_true", help="print the JSON body")
     for op in [offered(command)] if offered(command) else (
             public_operations() if wanted(None) else ()):
@@ -7631,11 +7272,9 @@ def _build_parser(command=None, argv=()):
 
 
 def main(argv=None):
-    """Run the command line; answer the exit status (0 ok, 1 refused, 2 usage).
-
-    The one boundary of the command line's errors: a command raises UsageError (2) or
-    an AgoraError (1, its one line on stderr); what else it answers is its own result
-    (a hook's 0, wake's 2, guard's 1, wait's 124)."""
+    """Run the command line; answer the exit status (0 ok, 1 refused, 2 usage), the one
+    boundary of its errors: a command raises UsageError (2) or an AgoraError (1, its line on
+    stderr); else it answers its own result (a hook's 0, wake's 2, guard's 1, wait's 124)."""
     argv = sys.argv[1:] if argv is None else argv
     parser = _build_parser(_command_word(argv), argv)
     try:
@@ -8357,29 +7996,26 @@ WEB_BODY = """
 """
 
 
+@functools.lru_cache(maxsize=None)
 def web_page():
-    """Answer the page (bytes) and its Content-Security-Policy, built once.
-
-    The policy lets run only this page's own inline script and style (by hash)
-    and lets it talk to this origin only: even a message that slipped past the
-    escaping could not run or send anything anywhere.
-    """
+    """Answer the page (bytes) and its Content-Security-Policy, built once. The policy lets
+    run only this page's own inline script and style (by hash) and lets it talk to this
+    origin only: even a message that slipped past the escaping could not run or send
+    anything anywhere."""
     import base64
     import hashlib
-    if not hasattr(web_page, "built"):
-        def digest(text):
-            return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode()
-        page = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-                "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-                "<link rel=\"icon\" href=\"data:,\">"
-                f"<title>agora</title><style>{WEB_STYLE}</style></head><body>{WEB_BODY}"
-                f"<script>{WEB_SCRIPT}</script></body></html>\n")
-        policy = (f"default-src 'none'; script-src 'sha256-{digest(WEB_SCRIPT)}'; "
-                  f"style-src 'sha256-{digest(WEB_STYLE)}'; connect-src 'self'; "
-                  "img-src 'self' data:; base-uri 'none'; form-action 'self'; "
-                  "frame-ancestors 'none'")
-        web_page.built = (page.encode("utf-8"), policy)
-    return web_page.built
+
+    def digest(text):
+        return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode()
+    page = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            "<link rel=\"icon\" href=\"data:,\">"
+            f"<title>agora</title><style>{WEB_STYLE}</style></head><body>{WEB_BODY}"
+            f"<script>{WEB_SCRIPT}</script></body></html>\n")
+    policy = (f"default-src 'none'; script-src 'sha256-{digest(WEB_SCRIPT)}'; "
+              f"style-src 'sha256-{digest(WEB_STYLE)}'; connect-src 'self'; "
+              "img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+    return page.encode("utf-8"), policy
 
 
 ###############################################################################
