@@ -369,8 +369,7 @@ class AgoraError(Exception):
     Every face maps the class to its wire form in one place: REST uses ``status``, MCP
     ``isError``, A2A a JSON-RPC code, the CLI exit status 1. A Refusal answers the
     request; an Unauthorized caller gets only the transport's answer (HTTP 401), so a
-    face that answers refusals in its own terms catches Refusal and leaves it be.
-    """
+    face that answers refusals in its own terms catches Refusal and leaves it be."""
 
     status = 500
 
@@ -822,8 +821,7 @@ class Store:
         cache once that rotation is committed. One look at the marker (a stat(), the
         dearest step of a request under load) serves the process for TOKEN_LOOK seconds
         from just before it, and a rotation is answered only once twice that has passed
-        since its marker grew: so a rotated token stops working at the very next request.
-        """
+        since its marker grew: so a rotated token stops working at the very next request."""
         looked = time.monotonic()
         if looked - self._tokens_looked >= TOKEN_LOOK:
             try:
@@ -1101,15 +1099,6 @@ def report_bug(where):
             sys.stderr.write(f"agora: a bug in {where}: {error!r:.200}\n")
 
 
-def bug_refusal(where, operation=None):
-    """Report the bug being handled, which happened in WHERE (report_bug), and answer the
-    InternalError its caller is told instead (naming the OPERATION it broke, if any),
-    which every kind of answer (a refusal, JSON-RPC's -32603, HTTP's 500) is made from."""
-    report_bug(where)
-    return InternalError(f"internal error{f' in {operation}' if operation else ''}; "
-                         "the server log has details")
-
-
 def perform(store, op, args, caller, now):
     """Run operation OP for CALLER, who was checked, with ARGS, which were validated.
 
@@ -1122,8 +1111,7 @@ def perform(store, op, args, caller, now):
     - AS_READ: on the caller's thread, in a transaction() that only reads (a snapshot).
     - A long-poll (WAITS given): on the caller's thread, each attempt its own write
       block, waiting between them (wait_for); on a server, parked without a thread
-      (Parker) and run again on the parker's thread, many waiters' attempts in one turn.
-    """
+      (Parker) and run again on the parker's thread, many waiters' attempts in one turn."""
     if caller.name is not None:
         store.touch(caller.name, now)
     return op.handler(store, caller, args, now)
@@ -1132,9 +1120,15 @@ def perform(store, op, args, caller, now):
 def fault_refusal(store, where, operation=None):
     """Answer the refusal a caller is told of the unexpected exception being handled (in
     WHERE, in OPERATION if any): a fault of STORE's file as Store.problem tells it, else a
-    bug (bug_refusal). Every place that turns an exception into an answer (call, the writer,
-    JSON-RPC, the HTTP faces) asks this one, so every face says the same of the same fault."""
-    return store.problem(sys.exc_info()[1]) or bug_refusal(where, operation)
+    bug, reported (report_bug) and told as an InternalError. Every place that turns an
+    exception into an answer (call, the writer, JSON-RPC, the HTTP faces) asks this one,
+    so every face says the same of the same fault."""
+    problem = store.problem(sys.exc_info()[1])
+    if problem is None:
+        report_bug(where)
+        return InternalError(f"internal error{f' in {operation}' if operation else ''}; "
+                             "the server log has details")
+    return problem
 
 
 @contextlib.contextmanager
@@ -1172,8 +1166,7 @@ class Writer:
     the thread goes on); a failed commit fails every request of the turn; and SQLite's work
     stays in one thread instead of handing the GIL around among handler threads. It takes
     only ON_WRITER operations (Operation.runs) not asked to wait, and no call made inside a
-    write of its caller's thread, which must finish there.
-    """
+    write of its caller's thread, which must finish there."""
 
     def __init__(self, store):
         self.store = store
@@ -1267,34 +1260,6 @@ class Writer:
 # Waiting: long-polls, the watcher, the parker ################################
 ###############################################################################
 
-# One wait, traced: `read wait=20` over REST.
-# 1. The Parker's thread reads the request's head without a thread (Incoming); once it
-#    is whole, Server.admit gives the connection a slot and a worker thread
-#    (Server._work), which reads the body and runs read through call(), the request's
-#    Line saying that its waits park. read's attempt looks for news in a read
-#    transaction and finds none; wait_for takes one of the agent's long-polls
-#    (Watcher.long_poll_taken) and raises Parked, carrying the Watch of what would end
-#    the wait (a message past an id, a hold that runs out) and what runs it again:
-#    call() makes that of the validated arguments, and each layer of the face wraps it
-#    on the way out. Nothing of the request's body is kept.
-# 2. The worker gives the connection to the Parker (a Waiter) and its slot back, and is
-#    free for another connection.
-# 3. The Parker's thread watches the socket: a client that hangs up (Line.listening, the
-#    one hang-up check) is let go (Parker._let_go), its long-poll given back.
-# 4. A commit of this process rings the Parker at once (Watcher.listen, on the committing
-#    thread); another process's commit, the watcher thread within WAIT_POLL. The Parker
-#    asks who hears the new messages (hearers) and runs those waits again, many in one
-#    write turn, and those whose time ran out (Parker._answer).
-# 5. A run that finds the message delivers it (the cursor moved, to be taken back should
-#    its answer not be written whole: taken_back_if_lost); the Parker writes each answer,
-#    one waiter at a time, as far as the socket takes it and the rest as it takes more.
-#    The connection then idles in the Parker until its next head is in, and is admitted
-#    again like a new one.
-# Threads: a worker runs a request's first run; the Parker's thread every run after it
-# and every write of a parked answer; the watcher only notices commits. stdio, the CLI
-# and A2A's blocking send have no Parker: their waits block their own thread
-# (Watcher.wait).
-
 class Line:
     """One request's way back to its caller, as its face keeps it (Caller.line).
 
@@ -1304,8 +1269,7 @@ class Line:
     the face calls lost() when the answer was not handed over. PARKS: the face parks this
     request's waits (Parked); once parked, DEADLINE (a monotonic time) and SLOT (one of
     its agent's long-polls taken) hold across its runs. WAITS: it was a long-poll (its
-    connection idles parked too). NOT_WAITED: why its wait is answered at once, or None.
-    """
+    connection idles parked too). NOT_WAITED: why its wait is answered at once, or None."""
 
     def __init__(self, open=None, parks=False, not_waited=None):
         self.open, self.parks, self.not_waited = open, parks, not_waited
@@ -1342,18 +1306,24 @@ class Parked(BaseException):
     it once WATCH says there is news, or the wait ends.
 
     RERUN() runs the operation again from its validated arguments (call() sets it), and
-    each face layer on the way out wraps it to make its own answer (wrap): what is kept is
-    what running again needs, never the body, and nothing is parsed again. Not an
+    each face layer on the way out wraps it to make its own answer (through): what is kept
+    is what running again needs, never the body, and nothing is parsed again. Not an
     Exception, so that no refusal or bug handler on its way out catches it."""
 
     def __init__(self, watch):
         super().__init__(watch)
         self.watch, self.rerun = watch, None
 
-    def wrap(self, frame):
-        """Have RERUN answer FRAME(the rerun it had): a layer's answer of the one inside."""
-        inner = self.rerun
-        self.rerun = lambda: frame(inner)
+    @staticmethod
+    def through(run, frame):
+        """Answer RUN(), one layer's answer; should it park, its rerun answers FRAME(the
+        rerun it had): that layer's answer of the one inside."""
+        try:
+            return run()
+        except Parked as parked:
+            inner = parked.rerun
+            parked.rerun = lambda: frame(inner)
+            raise
 
 
 def news_came(store, watch):
@@ -1369,8 +1339,7 @@ def wait_for(store, caller, wait, now, attempt):
     that), AT being the time it runs at. Answer (what was found or None, why it was not
     waited for or None). A caller that hung up while it waited gets None, nothing
     attempted: what it would have taken stays for the next read. Where the face parks
-    waits (Line.parks), the first wait raises Parked instead of blocking this thread.
-    """
+    waits (Line.parks), the first wait raises Parked instead of blocking this thread."""
     line, started = caller.line, time.monotonic()
     if line is not None and wait:
         line.waits = True
@@ -1582,13 +1551,31 @@ class Waiter:
 
 class Parker:
     """The connections of one server that no thread serves, and the one thread that keeps
-    them (traced above): it reads their requests' heads, holds their waits (Waiter) and
-    writes their answers. A connection is kept IDLE between requests, until a whole head
-    is in; WRITING while the rest of an answer goes out as the socket takes it. On news,
-    the waits whose agent hears it (hearers), whose ready sequence moved, or whose time
-    ran out run again on this thread: FIRST_ANSWERS in one write turn, then twice as many
-    a turn up to ANSWER_BATCH, so a post to N waiters costs N small attempts and a few
-    commits, and the first answers go out soon.
+    them: it reads their requests' heads, holds their waits and writes their answers.
+
+    One wait, traced (`read wait=20` over REST):
+    1. This thread reads the request's head (Incoming); once it is whole, Server.admit
+       gives the connection a slot and a worker thread (Server._work), which reads the body
+       and runs read through call(), the request's Line saying that its waits park.
+       Finding nothing, wait_for takes one of the agent's long-polls and raises Parked,
+       with the Watch of what would end the wait and what runs it again (call() makes that
+       of the validated arguments, each face layer wraps it): no body is kept.
+    2. The worker hands the connection here (a Waiter), gives back its slot and is free.
+    3. A client that hangs up (Line.listening, the one hang-up check) is let go at once
+       (_let_go), its long-poll given back.
+    4. A commit of this process rings here at once (Watcher.listen, on the committing
+       thread); another process's, the watcher thread within WAIT_POLL. The waits whose
+       agent hears the news (hearers), whose ready sequence moved, or whose time ran out
+       run again on this thread (_answer): FIRST_ANSWERS in one write turn, then twice as
+       many a turn up to ANSWER_BATCH, so a post to N waiters costs N small attempts and a
+       few commits, and the first answers go out soon.
+    5. A run that finds the message delivers it (the cursor moved: taken_back_if_lost).
+       Each answer in turn is written as far as the socket takes it, the rest as it takes
+       more (WRITING); then the connection idles here (IDLE) until its next head is in,
+       and is admitted again like a new one.
+    Threads: a worker runs a request's first run; this thread every run after it and
+    every write of a parked answer; the watcher only notices commits. stdio, the CLI and
+    A2A's blocking send have no Parker: their waits block their thread (Watcher.wait).
 
     Invariants: a connection is served by one thread or kept here, never both. Each answer
     is its own unit: whatever fails while one waiter is answered (its write, a bug) takes
@@ -1597,8 +1584,7 @@ class Parker:
     only once written whole. Bounds: MAX_LONG_POLLS per agent (the Line's slot); a quarter
     of the capacity per client address, loopback aside; the capacity of waits, and of
     connections kept between requests. Past one, the longest idle connection closes
-    (never the one arriving), else the longest wait of that bound ends, as if it ran out.
-    """
+    (never the one arriving), else the longest wait of that bound ends, as if it ran out."""
 
     def __init__(self, server, capacity):
         import selectors
@@ -4168,8 +4154,7 @@ def call(store, name, args=None, caller=OPERATOR, now=None, hidden=False):
 
     The one entrance of every face: it finds the operation the face may run (HIDDEN: hidden
     ones too), admits the caller, validates the arguments and runs the handler; an
-    unexpected exception becomes an InternalError, its traceback on stderr.
-    """
+    unexpected exception becomes an InternalError, its traceback on stderr."""
     now = int(time.time()) if now is None else now
     with bugs_refused(store, name):
         op = offered(name, hidden)
@@ -4266,10 +4251,7 @@ def rpc_fault(store, request_id, label):
 def rpc_answered(store, request_id, label, run):
     """Answer the RpcReply of RUN(), the result of a parked wait run again."""
     try:
-        result = run()
-    except Parked as parked:
-        parked.wrap(functools.partial(rpc_answered, store, request_id, label))
-        raise
+        result = Parked.through(run, functools.partial(rpc_answered, store, request_id, label))
     except Exception:
         return rpc_fault(store, request_id, label)
     return RpcReply(200, {"jsonrpc": "2.0", "id": request_id, "result": result}, label)
@@ -4281,8 +4263,7 @@ class RpcEndpoint:
     A face subclasses it with ``dispatch(request)``, which answers the result or raises
     RpcError (the face maps agora's refusals to those itself), and may override the hooks
     ``precheck``, ``error_data`` and ``label``. Anything unexpected becomes -32603, its
-    traceback on stderr.
-    """
+    traceback on stderr."""
 
     def __init__(self, store, caller, headers=None):
         self.store, self.caller, self.headers = store, caller, headers
@@ -4296,10 +4277,8 @@ class RpcEndpoint:
             if request is None:
                 return RpcReply(202, None, "notification")
             label = self.label(request)
-            result = self.dispatch(request)
-        except Parked as parked:
-            parked.wrap(functools.partial(rpc_answered, self.store, request.id, label))
-            raise
+            result = Parked.through(lambda: self.dispatch(request), functools.partial(
+                rpc_answered, self.store, request.id, label))
         except Unauthorized as error:       # every face: the transport's 401
             return RpcReply(401, rpc_error(request.id, -32600, error.text), label)
         except RpcError as error:
@@ -4432,10 +4411,7 @@ def _mcp_tools_call(endpoint, params):
 def tool_result(run):
     """Answer the tools/call result of RUN(): a refusal is a result the model reads."""
     try:
-        result = run()
-    except Parked as parked:
-        parked.wrap(tool_result)
-        raise
+        result = Parked.through(run, tool_result)
     except Refusal as error:            # the model's to read; Unauthorized: the envelope's
         return {"content": [{"type": "text", "text": error.text}], "isError": True}
     return {"content": [{"type": "text", "text": result.text}],
@@ -4946,10 +4922,7 @@ def rest_face(server, request):
 def rest_answer(name, text, run):
     """Answer the HttpAnswer of operation NAME's RUN(), as its text when TEXT."""
     try:
-        answer, status = run(), 200
-    except Parked as parked:
-        parked.wrap(functools.partial(rest_answer, name, text))
-        raise
+        answer, status = Parked.through(run, functools.partial(rest_answer, name, text)), 200
     except AgoraError as error:
         answer, status = error, error.status
     headers = _challenge(status)
@@ -4968,11 +4941,7 @@ def mcp_face(server, request):
 
 def rpc_http_answer(event_stream, run):
     """Answer the HttpAnswer of RUN()'s RpcReply, as one SSE event when EVENT_STREAM."""
-    try:
-        reply = run()
-    except Parked as parked:
-        parked.wrap(functools.partial(rpc_http_answer, event_stream))
-        raise
+    reply = Parked.through(run, functools.partial(rpc_http_answer, event_stream))
     headers = _challenge(reply.status)
     if reply.message is None:
         return HttpAnswer(reply.status, b"", headers, reply.label)
@@ -5204,8 +5173,7 @@ class RequestHandler:
     Every request takes one path: read the body (always, so a keep-alive connection stays in
     step), find the route (404), check the method (405, whatever the headers), check Host and
     Origin (403), then let the face answer. Kept free of http.server at import time so
-    one-shot CLI calls stay fast; make_server() composes the real handler class.
-    """
+    one-shot CLI calls stay fast; make_server() composes the real handler class."""
 
     server_version = f"agora/{__version__}"
     protocol_version = "HTTP/1.1"
@@ -5498,8 +5466,7 @@ class Server:
     or a wait of it parks. A watchdog thread closes the connections threads serve that
     stay too long in one state (sending a request, taking an answer, idle), so slow
     clients cost a sleeping thread each, never the others' service. Every setting below
-    can be given to make_server() for one server.
-    """
+    can be given to make_server() for one server."""
 
     allow_reuse_address = True
     request_queue_size = 1024   # the stdlib's 5 resets connections in a burst (a crowd's)
@@ -5746,8 +5713,7 @@ def allowed_hosts(host, port, extra=(), public_url=None):
 
     The EXTRA names, with the port, and: on loopback localhost, 127.0.0.1 and [::1];
     elsewhere the bind address unless it is a wildcard; and the host of PUBLIC_URL as
-    clients send it. None only for a wildcard bind with neither, which serve refuses.
-    """
+    clients send it. None only for a wildcard bind with neither, which serve refuses."""
     names = {name.lower() for name in extra}
     if is_loopback(host):
         names |= {"localhost", "127.0.0.1", "[::1]"}
