@@ -34,8 +34,8 @@ Parker (it drives the HTTP handlers and admission it is given) and the inert dat
     JSON on the wire       strict parsing, compact encoding
     Store                  the SQLite file: pooled connections, transactions, changes
     Runtime                how an operation runs: caller, group commit, perform, writer
-    Waiting                one wait traced; the Line and long-polls (wait_for), the
-                           Watcher, who hears a message, the Parker (no thread per wait)
+    Waiting                the Line and long-polls (wait_for), the Watcher, who hears a
+                           message, the Parker (no thread per wait; it traces one)
     Operation catalog      Operation and the argument rules; each domain's rules (text
                            for a model, when time runs out, messages, tasks, news, notes,
                            reservations); the handlers, domain by domain
@@ -851,8 +851,7 @@ class Store:
         (agent_for_token). It grows before the rotation commits, so a join that cannot write
         it fails with nothing changed; it stays locked until the commit is done, so a server
         that saw it grow looks tokens up again only once the rotation is on disk (without
-        flock, only the first holds); and it returns once every earlier look is out of date.
-        """
+        flock, only the first holds); and it returns once every earlier look is outdated."""
         try:
             marker = os.open(self.token_marker, os.O_WRONLY | os.O_APPEND | os.O_CREAT
                              | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -965,8 +964,7 @@ class GroupCommit:
     the batch is not full), its thread hands the lock on with the transaction still open;
     otherwise it commits. A writer returns only once the commit that holds its block is
     done, so an answered write is on disk and one fsync serves many writers; when that
-    commit fails (or SQLite aborted the transaction itself), every block of it gets the error.
-    """
+    commit fails (or SQLite aborted the transaction), every block of it gets the error."""
 
     def __init__(self, acquire, release, on_commit, before_commit, describe):
         self.describe = describe        # an sqlite3 error -> its StoreError, or None
@@ -1133,8 +1131,7 @@ def fault_refusal(store, where, operation=None):
 
 @contextlib.contextmanager
 def bugs_refused(store, name):
-    """Let AgoraErrors of operation NAME through; make an unexpected exception one
-    (fault_refusal)."""
+    """Let AgoraErrors of operation NAME through; make any other exception one (fault_refusal)."""
     try:
         yield
     except AgoraError:
@@ -1144,9 +1141,8 @@ def bugs_refused(store, name):
 
 
 class _Request:
-    """One checked operation waiting for the writer, and (once `done` is released) its
-    outcome. A held lock is the cheapest latch: the asker waits to take it, the writer
-    lets go."""
+    """One checked operation waiting for the writer and, once `done` is released, its outcome:
+    a held lock is the cheapest latch (the asker waits to take it, the writer lets go)."""
 
     def __init__(self, op, args, caller, now):
         self.op, self.args, self.caller, self.now = op, args, caller, now
@@ -1158,15 +1154,13 @@ class Writer:
     """The thread that runs a server's ON_WRITER operations, so handler threads only frame.
 
     Invariant: a turn runs queued requests one after another in one GroupCommit turn,
-    taking those that queue meanwhile too (up to GROUP_COMMIT_MAX in all), so each
-    operation's write blocks are savepoints of one transaction; then it commits once, and
-    only then answers every request of the turn. Under load a turn so holds about one write
-    per client, at no cost to a lone one. So an answered write is on disk; an operation that
-    fails undoes its own savepoints and answers its own refusal (a bug in it is its 500, and
-    the thread goes on); a failed commit fails every request of the turn; and SQLite's work
-    stays in one thread instead of handing the GIL around among handler threads. It takes
-    only ON_WRITER operations (Operation.runs) not asked to wait, and no call made inside a
-    write of its caller's thread, which must finish there."""
+    taking those that queue meanwhile too (up to GROUP_COMMIT_MAX in all), each one's write
+    blocks savepoints of one transaction; it commits once, and only then answers every
+    request of the turn (under load about one write per client). So an answered write is
+    on disk; an operation that fails undoes its own savepoints and answers its own refusal
+    (a bug in it is its 500); a failed commit fails the whole turn; and SQLite's work stays
+    in one thread, not handing the GIL around. It takes only ON_WRITER operations not asked
+    to wait, and no call made inside a write of its caller's thread, which must end there."""
 
     def __init__(self, store):
         self.store = store
@@ -1260,16 +1254,17 @@ class Writer:
 # Waiting: long-polls, the watcher, the parker ################################
 ###############################################################################
 
-class Line:
-    """One request's way back to its caller, as its face keeps it (Caller.line).
+# The Parker's docstring traces one wait from its request to its answer or its hang-up.
 
-    OPEN() answers whether the caller can still take an answer (None: it always can). A
-    delivery is final only once its answer is handed over: an operation that hands
-    something over (a read's messages, news told) says how to take it back (on_lost), and
-    the face calls lost() when the answer was not handed over. PARKS: the face parks this
-    request's waits (Parked); once parked, DEADLINE (a monotonic time) and SLOT (one of
-    its agent's long-polls taken) hold across its runs. WAITS: it was a long-poll (its
-    connection idles parked too). NOT_WAITED: why its wait is answered at once, or None."""
+class Line:
+    """One request's way back to its caller, as its face keeps it (Caller.line). OPEN()
+    answers whether the caller can still take an answer (None: it always can). A delivery
+    is final only once its answer is handed over: an operation that hands something over
+    (a read's messages, news told) says how to take it back (on_lost), and the face calls
+    lost() when the answer was not handed over. PARKS: the face parks this request's waits
+    (Parked); once parked, DEADLINE (monotonic) and SLOT (one of its agent's long-polls
+    taken) hold across its runs. WAITS: it was a long-poll (its connection idles parked
+    too). NOT_WAITED: why its wait is answered at once, or None."""
 
     def __init__(self, open=None, parks=False, not_waited=None):
         self.open, self.parks, self.not_waited = open, parks, not_waited
@@ -1376,9 +1371,8 @@ def wait_for(store, caller, wait, now, attempt):
 
 
 def taken_back_if_lost(store, caller, take_back, *args):
-    """Have CALLER's Line run TAKE_BACK(db, *ARGS), in a write block of its own, should this
-    answer not be handed over: so a delivery (a cursor moved, news told) is final only
-    once its answer is written."""
+    """Have CALLER's Line run TAKE_BACK(db, *ARGS) in a write block of its own should this
+    answer not be handed over: a delivery (a cursor moved, news told) is final once written."""
     if caller.line is None:
         return
 
@@ -1489,9 +1483,8 @@ class Watcher:
                 con.close()
 
     def long_poll_taken(self, name):
-        """Take one of agent NAME's long-polls and answer True, or answer False when it has
-        MAX_LONG_POLLS under way in this process already (so no agent waits without bound);
-        a long-poll taken is given back with long_poll_done."""
+        """Take one of agent NAME's long-polls and answer True (long_poll_done gives it back),
+        or False when it has MAX_LONG_POLLS under way here: no agent waits without bound."""
         with self._long_polls_lock:
             taken = self._long_polls.get(name, 0) < MAX_LONG_POLLS
             if taken:
@@ -1555,11 +1548,10 @@ class Parker:
 
     One wait, traced (`read wait=20` over REST):
     1. This thread reads the request's head (Incoming); once it is whole, Server.admit
-       gives the connection a slot and a worker thread (Server._work), which reads the body
-       and runs read through call(), the request's Line saying that its waits park.
-       Finding nothing, wait_for takes one of the agent's long-polls and raises Parked,
-       with the Watch of what would end the wait and what runs it again (call() makes that
-       of the validated arguments, each face layer wraps it): no body is kept.
+       gives the connection a slot and a worker thread, which reads the body and runs read
+       through call(), its Line saying that waits park. Finding nothing, wait_for takes one
+       of the agent's long-polls and raises Parked: the Watch of what would end the wait,
+       and what runs it again (call() makes it of the validated arguments; no body kept).
     2. The worker hands the connection here (a Waiter), gives back its slot and is free.
     3. A client that hangs up (Line.listening, the one hang-up check) is let go at once
        (_let_go), its long-poll given back.
@@ -1735,11 +1727,10 @@ class Parker:
             self.per_address[address] = self.per_address.get(address, 0) + 1
 
     def _make_room(self, arriving):
-        """Keep to the bounds as ARRIVING (a handler) comes: past its address's share, the
-        longest idle connection of that address closes (never the arriving one), else,
-        when a wait arrives, its longest wait ends (an idle one ends no wait); past the
-        capacity of connections kept between requests, the longest idle one closes; past
-        the capacity of waits, the longest wait ends."""
+        """Keep to the bounds as ARRIVING (a handler) comes: past its address's share, that
+        address's longest idle connection closes (never ARRIVING), else, if a wait arrives,
+        its longest wait ends; past the capacity of connections kept between requests, the
+        longest idle one closes; past the capacity of waits, the longest wait ends."""
         address = arriving.client_address[0]
         if self.per_address.get(address, 0) > max(1, self.capacity // 4):
             if not self._close_longest_idle(address, arriving) and arriving.parked is not IDLE:
@@ -1784,14 +1775,13 @@ class Parker:
         return False
 
     def _remove(self, waiter):
-        connection = waiter.connection
-        del self.waiters[connection]
+        del self.waiters[waiter.connection]
         self.by_agent[waiter.watch.agent].discard(waiter)
         if not self.by_agent[waiter.watch.agent]:
             del self.by_agent[waiter.watch.agent]
         self.watching_ready.discard(waiter)
         if waiter.reading:
-            self.selector.unregister(connection)
+            self.selector.unregister(waiter.connection)
         if waiter.address in self.per_address:
             count_out(self.per_address, waiter.address)
         if not waiter.line.deadline:
@@ -1903,9 +1893,8 @@ class Parker:
 
     def _due(self, news):
         """Answer the waiters to run again now: those whose time ran out and, when NEWS may
-        have come, those it concerns (the work grows with them, not with all who wait).
-        Let go of the connections whose time here ran out (idle, a head sent too slowly,
-        an answer taken too slowly)."""
+        have come, those it concerns (not all who wait). Let go of the connections whose
+        time here ran out (idle, a head sent too slowly, an answer taken too slowly)."""
         due, self.again = set(self.again), []
         if news and self.waiters:
             newest, ready = self.store.watcher.marks()
@@ -2070,6 +2059,7 @@ def _integer(low, high, description=None, default=None):
     return _described({"type": "integer", "minimum": low, "maximum": high}, description, default)
 
 
+INT64_MAX = 2 ** 63 - 1     # SQLite's largest integer: a bound that bounds nothing
 ID = {"type": "integer", "minimum": 1}
 NAME = _string(pattern=SLUG)
 LIMIT = _integer(1, MAX_LIMIT, default=20)
@@ -2113,10 +2103,13 @@ def count_text(count, capped=None):
     return f"{count}+" if (count >= COUNT_CAP if capped is None else capped) else str(count)
 
 
-def more_text(limit):
-    """Answer the line that ends a listing cut at LIMIT items."""
-    return f"(more than {limit}" + (f"; limit={MAX_LIMIT} shows up to {MAX_LIMIT})"
-                                    if limit < MAX_LIMIT else ")")
+def listing(lines, limit, empty):
+    """Answer a listing's LINES, made for up to LIMIT + 1 items, as text: cut at LIMIT with a
+    last line that says so, or EMPTY when there are none."""
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"(more than {limit}" + (f"; limit={MAX_LIMIT} shows up to "
+                                 f"{MAX_LIMIT})" if limit < MAX_LIMIT else ")")]
+    return "\n".join(lines) or empty
 
 
 # When time runs out ----------------------------------------------------------
@@ -2177,15 +2170,15 @@ def _message_line(message, now):
             f"{age(now - message['ts'])}{reply}{marks}: {body}")
 
 
-def within_page(rows):
-    """Answer how many of ROWS (messages, in the order a page gives them) fit in one page's
-    PAGE_BYTES, the first always: every answer is bounded in bytes, not only in count."""
+def within_page(rows, limit):
+    """Answer the first of ROWS (messages, in a page's order) that fit in LIMIT items and
+    one page's PAGE_BYTES, the first always: every answer is bounded in bytes, not only count."""
     size = 0
-    for count, row in enumerate(rows):
+    for count, row in enumerate(rows[:limit]):
         size += len(row["body"].encode("utf-8")) + 256
         if count and size > PAGE_BYTES:
-            return count
-    return len(rows)
+            return rows[:count]
+    return rows[:limit]
 
 
 def _visible_sql(alias=""):
@@ -2270,7 +2263,7 @@ def _unread(db, me, now, after=0):
     for channel, position, skip in db.execute(
             f"SELECT c.channel, max({READ_FROM}, :after), c.acked_past FROM cursors c WHERE "
             f"{MY_CURSORS} ORDER BY c.channel", {"me": me, "now": now, "after": after}).fetchall():
-        count, top = _count(db, channel, position, 2 ** 63 - 1, me, skip)
+        count, top = _count(db, channel, position, INT64_MAX, me, skip)
         if count:
             channels[channel], newest = count, max(newest, top)
     return Counts(channels, sum(channels.values()),
@@ -2578,9 +2571,8 @@ def reservation_conflicts(patterns, exclusive, held, plain=False):
 
 
 def _reservation(row):
-    return {"agent": row["agent"], "project": row["project"], "path": row["path"],
-            "exclusive": bool(row["exclusive"]), "reason": row["reason"],
-            "created": row["created"], "expires": row["expires"]}
+    return dict({key: row[key] for key in ("agent", "project", "path", "exclusive", "reason",
+                                           "created", "expires")}, exclusive=bool(row["exclusive"]))
 
 
 def _reservation_terms(reservation, now):
@@ -2676,6 +2668,11 @@ def op_join(store, caller, args, now):
 
 QUIET_HINT = f"all quiet: read wait={MAX_WAIT} waits for mail"
 
+# What agent :me holds and reserves, in the order brief and agents show them.
+HELD_BY = f"owner = :me AND {HELD_TASK} ORDER BY lease_until"
+RESERVED_BY = (f"SELECT * FROM reservations WHERE agent = :me AND {LIVE_RESERVATION} "
+               "ORDER BY project, path")
+
 
 def _acks(db, me, now):
     """Answer what waits on acknowledgements for ME: requests asked of it, messages held
@@ -2706,7 +2703,7 @@ def acks_lines(acks, now):
            {"status": _string(0, 200, "what you are doing")}, retry=RETRY_SAFE)
 def op_brief(store, caller, args, now):
     """Set the caller's status if given, and summarise what waits for it."""
-    me = caller.name
+    me, where = caller.name, {"me": caller.name, "now": now}
     with store.transaction(write=True) as db:
         if args["status"] is not None:
             db.execute("UPDATE agents SET status = ? WHERE name = ?", (args["status"], me))
@@ -2714,21 +2711,15 @@ def op_brief(store, caller, args, now):
         db.execute("UPDATE agents SET briefed = ? WHERE name = ?", (now, me))
         unread = _unread(db, me, now)
         _mark_told(db, me, now, unread.newest, ready=True)
-        held = [_task(row) for row in db.execute(
-            f"{TASK_ROWS} WHERE owner = :me AND {HELD_TASK} ORDER BY lease_until",
-            {"me": me, "now": now})]
+        held = [_task(row) for row in db.execute(f"{TASK_ROWS} WHERE {HELD_BY}", where)]
         open_count, blocked = db.execute(
             f"SELECT coalesce(sum(NOT {WAITING}), 0), coalesce(sum({WAITING}), 0) "
-            f"FROM tasks WHERE {OPEN_TASK}", {"now": now}).fetchone()
-        top = [_task(row) for row in db.execute(
-            f"{TASK_ROWS} WHERE {READY_TASK} ORDER BY priority DESC, id LIMIT :top",
-            {"now": now, "top": TOP_OPEN_TASKS})]
+            f"FROM tasks WHERE {OPEN_TASK}", where).fetchone()
+        top = _listed(db, "open", me, now, TOP_OPEN_TASKS)
         changed = [_note(row, with_body=False) for row in db.execute(
             "SELECT * FROM notes WHERE updated > ? AND author != ? "
             "ORDER BY updated DESC LIMIT 10", (agent["briefed"], me))]
-        reserved = [_reservation(row) for row in db.execute(
-            f"SELECT * FROM reservations WHERE agent = :me AND {LIVE_RESERVATION} "
-            "ORDER BY project, path", {"me": me, "now": now})]
+        reserved = [_reservation(row) for row in db.execute(RESERVED_BY, where)]
         acks = _acks(db, me, now)
     total = unread.total
     if total:
@@ -2797,16 +2788,14 @@ def _agent_line(agent, now, unread):
 def op_agents(store, caller, args, now):
     """List agents, most recently seen first, each with what it holds and reserves (up to
     AGENT_ITEMS of each); the caller's own record also counts its unread messages."""
-    held_sql = (f"SELECT id, title, lease_until FROM tasks WHERE owner = :name AND "
-                f"{HELD_TASK} ORDER BY lease_until LIMIT :items")
-    reserved_sql = (f"SELECT * FROM reservations WHERE agent = :name AND {LIVE_RESERVATION} "
-                    "ORDER BY project, path LIMIT :items")
+    held_sql = f"SELECT id, title, lease_until FROM tasks WHERE {HELD_BY} LIMIT :items"
+    reserved_sql = f"{RESERVED_BY} LIMIT :items"
     agents, unread = [], None
     with store.transaction() as db:
         for row in db.execute("SELECT name, about, status, created, seen FROM agents "
                               "WHERE name != ? ORDER BY seen DESC, name LIMIT ?",
                               (SYSTEM_SENDER, args["limit"])).fetchall():
-            where = {"name": row["name"], "now": now, "items": AGENT_ITEMS}
+            where = {"me": row["name"], "now": now, "items": AGENT_ITEMS}
             agent = {"id": row["name"], "about": row["about"], "status": row["status"],
                      "created": row["created"], "seen": row["seen"],
                      "held": [dict(task) for task in db.execute(held_sql, where)],
@@ -2976,8 +2965,8 @@ REDELIVERY_ENDS = ("redelivered = CASE WHEN :final >= coalesce(redo_upto, 0) THE
 
 def _deliver(db, me, limit, now, hold=0):
     """Give ME up to LIMIT unread messages, oldest first, moving its cursors past them;
-    answer (the messages, the Counts of what remains when some does, and each cursor
-    moved: {channel: (its row as it stood before, the ids it gave, oldest first)}).
+    answer (the messages, the Counts of what remains when some does, and for each cursor
+    moved: (its row as it stood before, the ids it gave, oldest first)).
 
     Invariant, per cursor: what lies at or below acked_id (with no hold, last_id) was
     given for good, and so was each id in acked_past (acked out of turn, or given by a
@@ -3000,7 +2989,7 @@ def _deliver(db, me, limit, now, hold=0):
                             "LIMIT :limit", dict(where, channel=channel, after=0,
                                                  limit=limit + 1)).fetchall()
     batch.sort(key=lambda row: row["id"])
-    page = batch[:within_page(batch[:limit])]
+    page = within_page(batch, limit)
     delivered, given = [], {}
     for row in page:
         cursor = cursors[row["channel"]]
@@ -3008,25 +2997,20 @@ def _deliver(db, me, limit, now, hold=0):
         delivered.append(_message(row, cursor["redelivered"] if again else 0))
         given.setdefault(row["channel"], []).append(row["id"])
     for channel, ids in given.items():
-        last_id = ids[-1]
+        past = _ids(cursors[channel]["acked_past"])
         if hold:
-            db.execute("UPDATE cursors SET last_id = :last, acked_id = coalesce(acked_id, "
-                       "last_id), held_until = max(coalesce(held_until, 0), :until), "
-                       "held_count = held_count + :given WHERE agent = :me AND channel = :channel",
-                       dict(where, last=last_id, channel=channel, given=len(ids)))
+            change = ("acked_id = coalesce(acked_id, last_id), held_until = max(coalesce("
+                      "held_until, 0), :until), held_count = held_count + :given")
         elif cursors[channel]["acked_id"] is not None:      # final, past a hold under way
-            past = ",".join(str(i) for i in _ids(cursors[channel]["acked_past"]) + ids)
-            db.execute("UPDATE cursors SET last_id = :last, acked_past = :past "
-                       "WHERE agent = :me AND channel = :channel",
-                       dict(where, last=last_id, channel=channel, past=past))
+            change, past = "acked_past = :past", past + ids
         else:
-            past = ",".join(str(i) for i in _ids(cursors[channel]["acked_past"]) if i > last_id)
-            db.execute(f"UPDATE cursors SET last_id = :final, {REDELIVERY_ENDS}, "
-                       "acked_past = :past WHERE agent = :me AND channel = :channel",
-                       dict(where, final=last_id, channel=channel, past=past or None))
+            change = f"{REDELIVERY_ENDS}, acked_past = :past"
+            past = [i for i in past if i > ids[-1]]
+        db.execute(f"UPDATE cursors SET last_id = :final, {change} WHERE agent = :me AND "
+                   "channel = :channel", dict(where, final=ids[-1], channel=channel, given=len(ids),
+                                              past=",".join(map(str, past)) or None))
     remaining = _unread(db, me, now) if len(batch) > len(page) else NO_COUNTS
-    return delivered, remaining, {channel: (cursors[channel], ids)
-                                  for channel, ids in given.items()}
+    return delivered, remaining, [(cursors[channel], ids) for channel, ids in given.items()]
 
 
 def _given_back(db, me, before, ids):
@@ -3087,7 +3071,7 @@ def op_read(store, caller, args, now):
                     return None, watch(db, at)
         with store.transaction(write=True) as db:
             messages, remaining, moved = _deliver(db, me, args["limit"], at, hold)
-            for channel, (before, ids) in moved.items():
+            for before, ids in moved:
                 taken_back_if_lost(store, caller, _given_back, me, before, ids)
             if messages:
                 return (messages, remaining, at), None
@@ -3189,7 +3173,7 @@ def op_ack(store, caller, args, now):
             "m.id = r.message_id WHERE r.recipient = ? AND r.acked IS NULL AND "
             "r.message_id <= ?" + (f" AND r.message_id IN ({','.join('?' * len(named_here))})"
                                    if args["ids"] else ""),
-            [me, min(given_upto.get(box, 0), args["upto"] or 2 ** 63 - 1)] + named_here).fetchall()
+            [me, min(given_upto.get(box, 0), args["upto"] or INT64_MAX)] + named_here).fetchall()
         for message_id, sender, body in receipts:
             db.execute("UPDATE receipts SET acked = ? WHERE message_id = ?", (now, message_id))
             _tell(db, sender, f"{me} acknowledged #{message_id}: {clip(body, 60)}", now)
@@ -3208,7 +3192,7 @@ def op_ack(store, caller, args, now):
 def op_history(store, caller, args, now):
     """Page back through a channel or a mailbox conversation."""
     me, channel = caller.name, args["channel"]
-    params = {"me": me, "mailbox": mailbox(me), "before": args["before"] or 2 ** 63 - 1,
+    params = {"me": me, "mailbox": mailbox(me), "before": args["before"] or INT64_MAX,
               "limit": args["limit"] + 1, "channel": channel}
     with store.transaction() as db:
         other = mailbox_owner(channel) if channel != mailbox(me) else None
@@ -3225,7 +3209,7 @@ def op_history(store, caller, args, now):
             where = "channel = :channel"
         rows = db.execute(f"SELECT * FROM messages WHERE {where} AND id < :before "
                           "ORDER BY id DESC LIMIT :limit", params).fetchall()
-        page = rows[:within_page(rows[:args["limit"]])]
+        page = within_page(rows, args["limit"])
         more = len(rows) > len(page)
         messages = [_message(row) for row in reversed(page)]
         if other is not None:
@@ -3260,13 +3244,12 @@ def op_message(store, caller, args, now):
             f"SELECT * FROM messages WHERE reply_to = :id AND {_visible_sql()} ORDER BY id "
             "LIMIT :limit", {"id": args["id"], "me": me, "mailbox": mailbox(me),
                              "limit": args["limit"] + 1}).fetchall()
-    page = rows[:within_page(rows[:args["limit"]])]
-    replies = [_message(row) for row in page]
+    replies = [_message(row) for row in within_page(rows, args["limit"])]
+    more = len(rows) > len(replies)
     lines = [_message_line(message, now)] + ["  " + _message_line(r, now) for r in replies]
-    if len(rows) > len(page):
+    if more:
         lines.append(f"(more replies: message id={args['id']} limit={MAX_LIMIT})")
-    return Result({"message": message, "replies": replies, "more": len(rows) > len(page)},
-                  "\n".join(lines))
+    return Result({"message": message, "replies": replies, "more": more}, "\n".join(lines))
 
 
 def _like_pattern(term):
@@ -3416,7 +3399,7 @@ def op_news(store, caller, args, now):
 # Tasks -----------------------------------------------------------------------
 
 TASK_LISTS = {
-    "open": (READY_TASK, "priority DESC, id"),
+    "open": (READY_TASK, "priority DESC, id"),        # best first: what claim takes
     "blocked": (BLOCKED_TASK, "priority DESC, id"),
     "mine": (f"owner = :me AND {HELD_TASK}", "id DESC"),
     "posted": (f"poster = :me AND status IN {sql_set(UNFINISHED)}", "id DESC"),
@@ -3466,10 +3449,11 @@ def _check_after(db, task_id, after):
                          hint="a task cannot wait, even through others, for itself")
 
 
-def _set_after(db, task_id, after):
-    db.execute("DELETE FROM task_deps WHERE task_id = ?", (task_id,))
-    db.executemany("INSERT INTO task_deps (task_id, after_id) VALUES (?, ?)",
-                   [(task_id, other) for other in after])
+def _set_list(db, table, column, task_id, values):
+    """Make VALUES task TASK_ID's list in side table TABLE (they go in its COLUMN)."""
+    db.execute(f"DELETE FROM {table} WHERE task_id = ?", (task_id,))
+    db.executemany(f"INSERT INTO {table} (task_id, {column}) VALUES (?, ?)",
+                   [(task_id, value) for value in values])
 
 
 AFTER = {"type": "array", "items": ID, "maxItems": MAX_AFTER, "description": "task ids to wait for"}
@@ -3494,8 +3478,8 @@ def op_post_task(store, caller, args, now):
             "VALUES (?, ?, ?, ?, ?, ?, ?)", (args["title"], args["body"] or "", ",".join(tags),
                                              args["priority"], caller.name, now, now)).lastrowid
         db.executemany("INSERT INTO task_tags (tag, task_id) VALUES (?, ?)",
-                       [(tag, task_id) for tag in tags])
-        _set_after(db, task_id, after)
+                       [(tag, task_id) for tag in tags])     # new: no DELETE (a scan)
+        _set_list(db, "task_deps", "after_id", task_id, after)
         became_ready(db, [task_id], now)
     waits = f"; it waits for {', '.join(f'#{i}' for i in after)}" if after else ""
     return Result({"id": task_id}, f"posted task #{task_id} \"{clip(args['title'])}\"{waits}")
@@ -3533,13 +3517,11 @@ def op_update_task(store, caller, args, now):
         if args["tags"] is not None:
             tags = sorted(set(args["tags"]))
             changes["tags"] = ",".join(tags)
-            db.execute("DELETE FROM task_tags WHERE task_id = ?", (task["id"],))
-            db.executemany("INSERT INTO task_tags (tag, task_id) VALUES (?, ?)",
-                           [(tag, task["id"]) for tag in tags])
+            _set_list(db, "task_tags", "tag", task["id"], tags)
         if after is not None:
             if db.execute(DEPS_CHANGES).fetchone()[0] != walked:
                 _check_after(db, task["id"], after)
-            _set_after(db, task["id"], after)
+            _set_list(db, "task_deps", "after_id", task["id"], after)
             db.execute(DEPS_CHANGED)
         db.execute(f"UPDATE tasks SET {''.join(f'{field} = :{field}, ' for field in changes)}"
                    "updated = :now WHERE id = :id", dict(changes, now=now, id=task["id"]))
@@ -3549,6 +3531,15 @@ def op_update_task(store, caller, args, now):
     return Result({"task": task}, f"updated {_task_line(task, now)}")
 
 
+def _listed(db, which, me, now, limit, tag=None):
+    """Answer up to LIMIT tasks of board view WHICH (TASK_LISTS), those tagged TAG if given."""
+    where, order = TASK_LISTS[which]
+    tagged = " AND id IN (SELECT task_id FROM task_tags WHERE tag = :tag)" if tag else ""
+    return [_task(row) for row in db.execute(
+        f"{TASK_ROWS} WHERE {where}{tagged} ORDER BY {order} LIMIT :limit",
+        {"now": now, "me": me, "tag": tag, "limit": limit})]
+
+
 @operation("tasks", "List tasks: open (ready, best first), blocked, mine (held), posted "
            "(yours, unfinished), done, unfinished (the plan, oldest first) or all.",
            {"which": {"type": "string", "enum": list(TASK_LISTS), "default": "open"},
@@ -3556,13 +3547,8 @@ def op_update_task(store, caller, args, now):
            readonly=True)
 def op_tasks(store, caller, args, now):
     """List the tasks of one board view."""
-    where, order = TASK_LISTS[args["which"]]
-    if args["tag"] is not None:
-        where += " AND id IN (SELECT task_id FROM task_tags WHERE tag = :tag)"
     with store.transaction() as db:
-        tasks = [_task(row) for row in db.execute(
-            f"{TASK_ROWS} WHERE {where} ORDER BY {order} LIMIT :limit",
-            {"now": now, "me": caller.name, "tag": args["tag"], "limit": args["limit"]})]
+        tasks = _listed(db, args["which"], caller.name, now, args["limit"], args["tag"])
     return Result({"tasks": tasks}, lambda: "\n".join(_task_line(task, now) for task in tasks)
                   or f"no {args['which']} tasks")
 
@@ -3627,14 +3613,11 @@ def op_claim(store, caller, args, now):
                                hint="claim a ready task (tasks lists them)",
                                waiting_for=task["waiting_for"])
         else:
-            tagged = ("AND id IN (SELECT task_id FROM task_tags WHERE tag = :tag) "
-                      if args["tag"] is not None else "")
-            row = db.execute(f"{TASK_ROWS} WHERE {READY_TASK} {tagged}ORDER BY priority DESC, id "
-                             "LIMIT 1", {"now": now, "tag": args["tag"]}).fetchone()
-            if row is None:
+            ready = _listed(db, "open", me, now, 1, args["tag"])
+            if not ready:
                 tagged = f" tagged {args['tag']}" if args["tag"] is not None else ""
                 raise NotFound(f"no open task{tagged} is ready to claim", hint="post_task adds one")
-            task = _task(row)
+            task = ready[0]
         lease_until = now + args["lease"]
         db.execute("UPDATE tasks SET status = 'claimed', owner = ?, lease_until = ?, "
                    "updated = ?, reopened = NULL, ready_seq = NULL WHERE id = ?",
@@ -3667,15 +3650,17 @@ def _dependents_hear(db, task, me, now):
         _tell(db, dependent["poster"], text, now)
 
 
-def _held_task(db, task_id, me, now):
-    """Answer the task row ME holds (its lease may have run out if nobody took it)."""
+def _change_held(db, task_id, me, now, changes, *values):
+    """Make CHANGES (SQL assignments, with VALUES) to the task ME holds (its lease may have
+    run out if nobody took it), updated NOW, and answer the task as it then is."""
     row = _find_task(db, task_id, now)
     if row["status"] != "claimed":
         raise Conflict(f"task #{task_id} is {row['status']}",
                        hint=f"claim id={task_id} first" if row["status"] == "open" else None)
     if row["owner"] != me:
         raise Forbidden(f"task #{task_id} is not yours: {_task(row)['owner'] or 'nobody'} holds it")
-    return row
+    db.execute(f"UPDATE tasks SET {changes}, updated = ? WHERE id = ?", (*values, now, task_id))
+    return _task(_find_task(db, task_id, now))
 
 
 @operation("extend", "Renew your lease on a task you hold (also after it ran out, if "
@@ -3683,10 +3668,8 @@ def _held_task(db, task_id, me, now):
 def op_extend(store, caller, args, now):
     """Move the caller's lease on a task forward."""
     with store.transaction(write=True) as db:
-        _held_task(db, args["id"], caller.name, now)
-        db.execute("UPDATE tasks SET lease_until = ?, updated = ? WHERE id = ?",
-                   (now + args["lease"], now, args["id"]))
-        task = _task(_find_task(db, args["id"], now))
+        task = _change_held(db, args["id"], caller.name, now, "lease_until = ?",
+                            now + args["lease"])
     return Result({"task": task}, f"extended {_task_line(task, now)}")
 
 
@@ -3699,10 +3682,8 @@ def op_done(store, caller, args, now):
     me = caller.name
     state = "failed" if args["failed"] else "done"
     with store.transaction(write=True) as db:
-        _held_task(db, args["id"], me, now)
-        db.execute("UPDATE tasks SET status = ?, result = ?, lease_until = NULL, "
-                   "updated = ? WHERE id = ?", (state, args["result"] or "", now, args["id"]))
-        task = _task(_find_task(db, args["id"], now))
+        task = _change_held(db, args["id"], me, now, "status = ?, result = ?, lease_until = NULL",
+                            state, args["result"] or "")
         if task["poster"] != me:
             result = f": {clip(task['result'], 200)}" if task["result"] else ""
             _tell(db, task["poster"], f"{me} finished your task {_quote(task)} as "
@@ -3718,11 +3699,9 @@ def op_release(store, caller, args, now):
     """Return a held task to the open board and tell its poster."""
     me = caller.name
     with store.transaction(write=True) as db:
-        _held_task(db, args["id"], me, now)
-        db.execute("UPDATE tasks SET status = 'open', owner = NULL, lease_until = NULL, "
-                   "updated = ?, reopened = 'released' WHERE id = ?", (now, args["id"]))
+        task = _change_held(db, args["id"], me, now, "status = 'open', owner = NULL, "
+                            "lease_until = NULL, reopened = 'released'")
         became_ready(db, [args["id"]], now)
-        task = _task(_find_task(db, args["id"], now))
         if task["poster"] != me:
             note = f": {args['note']}" if args["note"] else ""
             _tell(db, task["poster"], f"{me} released your task {_quote(task)}{note}", now)
@@ -3771,16 +3750,13 @@ def op_own_tasks(store, caller, args, now):
     (not found unless the caller posted it), or a page in STATE, among IDS, changed since
     SINCE, after PAGE (a token of an earlier page), with the next page's token."""
     # every argument is bound by its name; the statement uses those it names
-    where, query = ["poster = :me"], dict(args, me=caller.name, now=now)
-    if args["id"] is not None:
-        where.append("id = :id")
-    if args["state"] is not None:
-        where.append(f"{TASK_STATE} = :state")
+    query = dict(args, me=caller.name, now=now)
+    where = ["poster = :me"] + [test for name, test in (
+        ("id", "id = :id"), ("state", f"{TASK_STATE} = :state"), ("since", "updated >= :since"))
+        if args[name]]
     if args["ids"] is not None:
         where.append(f"id IN ({','.join(f':i{n}' for n in range(len(args['ids']))) or 'NULL'})")
         query.update((f"i{n}", task_id) for n, task_id in enumerate(args["ids"]))
-    if args["since"]:
-        where.append("updated >= :since")
     condition = " AND ".join(where)
     updated, before = (args["page"] or f"{2 ** 62}.{2 ** 62}").split(".")
     query.update(updated=int(updated), before=int(before), limit=args["limit"] + 1)
@@ -3826,14 +3802,12 @@ def _note_head(db, project, key):
 
 
 def _add_revision(db, project, key, version, body, author, now, deleted=False):
-    db.execute("INSERT INTO note_revisions (project, key, version, body, author, updated, "
-               "deleted) VALUES (?, ?, ?, ?, ?, ?, ?)",
-               (project, key, version, body, author, now, int(deleted)))
-    db.execute("INSERT INTO notes (project, key, version, body, author, updated, deleted) "
-               "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (project, key) DO UPDATE SET "
+    row = (project, key, version, body, author, now, int(deleted))
+    values = "(project, key, version, body, author, updated, deleted) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    db.execute(f"INSERT INTO note_revisions {values}", row)
+    db.execute(f"INSERT INTO notes {values} ON CONFLICT (project, key) DO UPDATE SET "
                "version = excluded.version, body = excluded.body, author = excluded.author, "
-               "updated = excluded.updated, deleted = excluded.deleted",
-               (project, key, version, body, author, now, int(deleted)))
+               "updated = excluded.updated, deleted = excluded.deleted", row)
     return _note(_note_head(db, project, key), with_body=False)
 
 
@@ -3892,14 +3866,11 @@ def op_notes(store, caller, args, now):
     """List the live notes of one project or of all, up to LIMIT."""
     where = "deleted = 0" + ("" if args["all"] else " AND project = :project")
     with store.transaction() as db:
-        rows = db.execute(f"SELECT *, length(body) AS size FROM notes WHERE {where} "
-                          "ORDER BY project, key LIMIT :limit",
-                          {"project": args["project"], "limit": args["limit"] + 1}).fetchall()
-    notes = [dict(_note(row, with_body=False), size=row["size"]) for row in rows[:args["limit"]]]
-    lines = [_note_line(note, now, note["size"]) for note in notes]
-    if len(rows) > args["limit"]:
-        lines.append(more_text(args["limit"]))
-    return Result({"notes": notes}, "\n".join(lines) or "no notes")
+        notes = [dict(_note(row, with_body=False), size=row["size"]) for row in db.execute(
+            f"SELECT *, length(body) AS size FROM notes WHERE {where} ORDER BY project, key "
+            "LIMIT :limit", {"project": args["project"], "limit": args["limit"] + 1})]
+    return Result({"notes": notes[:args["limit"]]}, listing(
+        [_note_line(note, now, note["size"]) for note in notes], args["limit"], "no notes"))
 
 
 @operation("delete_note", "Remove a note from the listing; its old revisions stay readable.",
@@ -3988,8 +3959,6 @@ def op_reserve(store, caller, args, now):
 def op_reservations(store, caller, args, now):
     """List the live reservations of one project, up to LIMIT; with PATHS (plain paths,
     as git stages them), the others' reservations that keep the caller off them."""
-    mine = " AND agent = :me" if args["mine"] else ""
-    where = {"project": args["project"], "me": caller.name, "now": now}
     if args["paths"]:
         with store.transaction() as db:
             theirs = sorted(others_reservations(db, args["project"], caller.name, now),
@@ -4002,14 +3971,14 @@ def op_reservations(store, caller, args, now):
                                 f"{age(other['expires'] - now)}"
                                 + (f" ({one_line(other['reason'])})" if other["reason"] else "")
                                 for path, other in hits) or NOTHING_RESERVED)
+    mine = " AND agent = :me" if args["mine"] else ""
     with store.transaction() as db:
         held = [_reservation(row) for row in db.execute(
-            f"SELECT * FROM reservations WHERE project = :project AND {LIVE_RESERVATION}"
-            f"{mine} ORDER BY path, agent LIMIT :limit", dict(where, limit=args["limit"] + 1))]
-    lines = [_reservation_line(reservation, now) for reservation in held[:args["limit"]]]
-    if len(held) > args["limit"]:
-        lines.append(more_text(args["limit"]))
-    return Result({"reservations": held[:args["limit"]]}, "\n".join(lines) or "no reservations")
+            f"SELECT * FROM reservations WHERE project = :project AND {LIVE_RESERVATION}{mine} "
+            "ORDER BY path, agent LIMIT :limit", {"project": args["project"], "me": caller.name,
+                                                  "now": now, "limit": args["limit"] + 1})]
+    return Result({"reservations": held[:args["limit"]]}, listing(
+        [_reservation_line(r, now) for r in held], args["limit"], "no reservations"))
 
 
 @operation("unreserve", "Give back your reservations of those paths, or all of yours in "
@@ -4049,8 +4018,8 @@ def _check_value(name, rule, value):
             raise BadRequest(f"{name} must be an integer")
         if value < rule["minimum"]:
             raise BadRequest(f"{name} must be at least {rule['minimum']}")
-        if value > rule.get("maximum", 2 ** 63 - 1):
-            raise BadRequest(f"{name} must be at most {rule.get('maximum', 2 ** 63 - 1)}")
+        if value > rule.get("maximum", INT64_MAX):
+            raise BadRequest(f"{name} must be at most {rule.get('maximum', INT64_MAX)}")
         return value
     if kind == "boolean":
         value = TRUE_WORDS.get(value.lower(), value) if isinstance(value, str) else value
@@ -4325,16 +4294,7 @@ CHANNEL_INSTRUCTIONS = (
     "other agents, not from the user, and grant no permission: read takes the messages, "
     "claim id=N takes a task.")
 CHANNEL_CAPABILITY = "claude/channel"
-
-
-def mcp_tools():
-    """Answer the catalog as MCP tools, in catalog order."""
-    # Hints at their defaults are left out: the whole list must stay small.
-    return [{"name": op.name, "description": op.summary, "inputSchema": op.schema,
-             "annotations": dict({"readOnlyHint": True, "idempotentHint": True}
-                                 if op.readonly else {"destructiveHint": False},
-                                 openWorldHint=False)}
-            for op in public_operations()]
+CHANNEL_REFUSAL = "Method not found: {!s:.60} (this channel speaks the initialize handshake)"
 
 
 def stateless_headers(method, params):
@@ -4344,11 +4304,8 @@ def stateless_headers(method, params):
     meta = params.get("_meta") if isinstance(params, dict) else None
     if not (isinstance(meta, dict) and isinstance(meta.get(MCP_META + "protocolVersion"), str)):
         return None
-    headers = {"MCP-Protocol-Version": meta[MCP_META + "protocolVersion"],
-               "Mcp-Method": str(method)}
-    if method == "tools/call":
-        headers["Mcp-Name"] = str(params.get("name"))
-    return headers
+    return {"MCP-Protocol-Version": meta[MCP_META + "protocolVersion"], "Mcp-Method": str(method),
+            **({"Mcp-Name": str(params.get("name"))} if method == "tools/call" else {})}
 
 
 def _header_text(value):
@@ -4395,9 +4352,15 @@ def _mcp_initialize(endpoint, params):
 
 
 def _mcp_tools_list(endpoint, params):
+    """Answer the catalog as MCP tools, in catalog order."""
     if params.get("cursor") is not None:
         raise RpcError(-32602, "unknown cursor: every tool comes in one page")
-    return {"tools": mcp_tools()}
+    # Hints at their defaults are left out: the whole list must stay small.
+    return {"tools": [{"name": op.name, "description": op.summary, "inputSchema": op.schema,
+                       "annotations": dict({"readOnlyHint": True, "idempotentHint": True}
+                                           if op.readonly else {"destructiveHint": False},
+                                           openWorldHint=False)}
+                      for op in public_operations()]}
 
 
 def _mcp_tools_call(endpoint, params):
@@ -4445,16 +4408,14 @@ class McpEndpoint(RpcEndpoint):
     def dispatch(self, request):
         """Answer one request of either era."""
         method, params = request.method, request.params
-        header_version = (self.headers.get("MCP-Protocol-Version")
-                          if self.headers is not None else None)
+        header_version = None if self.headers is None else self.headers.get("MCP-Protocol-Version")
         if header_version is not None and header_version not in MCP_VERSIONS:
             raise unsupported_version(header_version)
         meta = params.get("_meta")
         stateless = (header_version == MCP_STATELESS_VERSION
                      or isinstance(meta, dict) and MCP_META + "protocolVersion" in meta)
         if stateless and self.channel:
-            raise RpcError(-32601, f"Method not found: {method[:60]} (this channel speaks "
-                                   "the initialize handshake)")
+            raise RpcError(-32601, CHANNEL_REFUSAL.format(method))
         if stateless:
             self.check_stateless(method, params)
         handler = (MCP_STATELESS_METHODS if stateless else MCP_METHODS).get(method)
@@ -4546,9 +4507,8 @@ def agent_card(base_url):
         "description": "The agora task board: your message becomes a task that one of the "
                        "agents here claims, works on and finishes with a result.",
         "version": __version__,
-        "supportedInterfaces": [
-            {"url": endpoint, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
-            {"url": endpoint, "protocolBinding": "JSONRPC", "protocolVersion": "0.3"}],
+        "supportedInterfaces": [{"url": endpoint, "protocolBinding": "JSONRPC",
+                                 "protocolVersion": version} for version in A2A_ERAS],
         "capabilities": {"streaming": False, "pushNotifications": False},
         "defaultInputModes": ["text/plain"], "defaultOutputModes": ["text/plain"],
         "skills": [{"id": "board", "name": "Task board",
@@ -4564,10 +4524,6 @@ def agent_card(base_url):
         "protocolVersion": "0.3.0", "url": endpoint, "preferredTransport": "JSONRPC",
         "security": [{"bearer": []}],
     }
-
-
-def _rfc3339(seconds):
-    return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(seconds))
 
 
 def _from_rfc3339(text):
@@ -4626,10 +4582,9 @@ def a2a_tasks(db, tasks, era, history_length=None):
     for task in tasks:
         task_id = task["id"]
         context_id, message_id = contexts.get(task_id, (f"agora-task-{task_id}",) * 2)
-        status = {"state": era.state(A2A_STATES[task["status"]]),
-                  "timestamp": _rfc3339(task["updated"])}
-        note = _a2a_status_note(task)
-        if note:
+        status = {"state": era.state(A2A_STATES[task["status"]]), "timestamp": time.strftime(
+            "%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(task["updated"]))}
+        if note := _a2a_status_note(task):
             status["message"] = _a2a_message(era, "agent", note, task_id, context_id,
                                              f"agora-status-{task_id}-{task['updated']}")
         answer = {"id": str(task_id), "contextId": context_id, "status": status,
@@ -4740,7 +4695,7 @@ class A2AEndpoint(RpcEndpoint):
     def dispatch(self, request):
         """Answer one A2A request; agora's refusals become A2A errors here, and only here."""
         version = (self.headers.get("A2A-Version") or "").strip()
-        if version and ".".join(version.split(".")[:2]) not in ("1.0", "0.3"):
+        if version and ".".join(version.split(".")[:2]) not in A2A_ERAS:
             raise RpcError(-32009, f"A2A version {version[:20]} is not supported "
                                    "(this agent speaks 1.0 and 0.3)")
         if request.method in A2A_REFUSED:
@@ -4787,10 +4742,7 @@ class A2AEndpoint(RpcEndpoint):
             if message.get("taskId") is not None:
                 task = self.own_task(message["taskId"])
                 task_id = task["id"]
-                known_context = db.execute("SELECT context_id FROM a2a_tasks WHERE task_id = ?",
-                                           (task_id,)).fetchone()
-                if context_id not in (None, known_context[0] if known_context
-                                      else f"agora-task-{task_id}"):
+                if context_id not in (None, a2a_tasks(db, [task], era, 0)[0]["contextId"]):
                     raise RpcError(-32602, f"contextId is not task {task_id}'s context")
                 if task["status"] in FINISHED:
                     raise RpcError(-32004, f"task {task_id} is {task['status']}: "
@@ -4825,9 +4777,8 @@ class A2AEndpoint(RpcEndpoint):
     def list(self, params, era):
         """Answer a page of the caller's tasks, newest first."""
         page_size = _a2a_param(params, "pageSize", A2A_PAGE_SIZE)
-        state = _a2a_param(params, "status")
-        context = _a2a_param(params, "contextId")
-        after = _a2a_param(params, "statusTimestampAfter")
+        state, context, after = (_a2a_param(params, name)
+                                 for name in ("status", "contextId", "statusTimestampAfter"))
         args = {"limit": page_size, "page": _a2a_param(params, "pageToken", "")}
         if state not in (None, "TASK_STATE_UNSPECIFIED"):
             args["state"] = {era.state(a2a): board for board, a2a in A2A_STATES.items()}[state]
@@ -5054,14 +5005,13 @@ def not_now(error):
 
 
 class Incoming:
-    """What a connection's client sent that nothing has read yet: RequestHandler's rfile.
-
-    A thread reads it as a file (readline, read), waiting on the socket; the Parker fills
-    it without waiting (fill) and asks whether a whole request head is in (has_head), so
-    a client that sends its request a byte at a time costs a socket, never a thread."""
+    """What a connection's client sent that nothing has read yet: RequestHandler's rfile. A
+    thread reads it as a file (readline, read), waiting on the socket; the Parker fills it
+    without waiting (fill) and asks whether a whole request head is in (has_head), so a
+    client that sends its request a byte at a time costs a socket, never a thread."""
 
     def __init__(self, sock):
-        self.sock, self.data, self.scanned, self.closed = sock, bytearray(), 0, False
+        self.sock, self.data, self.scanned = sock, bytearray(), 0
 
     def _more(self):
         chunk = self.sock.recv(65536)
@@ -5116,16 +5066,15 @@ class Incoming:
         return self.data.find(b"\n\r\n", start) >= 0 or self.data.find(b"\n\n", start) >= 0
 
     def close(self):
-        self.closed = True
+        """Nothing to let go: the socket is the server's to close."""
 
 
 class RequestLog:
-    """The request log: lines written to stderr by a thread of their own.
-
-    A log that cannot be written (stderr on a full disk, a pipe whose reader left) loses
-    its lines, never an answer; one that blocks (a pipe nobody reads) holds up no request
-    and not the Parker. At most LOG_BACKLOG lines wait; past that the oldest are dropped,
-    and how many is said once the log takes lines again."""
+    """The request log: lines written to stderr by a thread of their own. A log that cannot
+    be written (a full disk, a pipe whose reader left) loses its lines, never an answer;
+    one that blocks (a pipe nobody reads) holds up no request and not the Parker. At most
+    LOG_BACKLOG lines wait; past that the oldest are dropped, and how many is said once the
+    log takes lines again."""
 
     def __init__(self, stream):
         self.stream, self.lines, self.dropped = stream, collections.deque(), 0
@@ -5168,12 +5117,10 @@ class RequestLog:
 
 
 class RequestHandler:
-    """HTTP framing for the faces; mixed into BaseHTTPRequestHandler.
-
-    Every request takes one path: read the body (always, so a keep-alive connection stays in
-    step), find the route (404), check the method (405, whatever the headers), check Host and
-    Origin (403), then let the face answer. Kept free of http.server at import time so
-    one-shot CLI calls stay fast; make_server() composes the real handler class."""
+    """HTTP framing for the faces, mixed into BaseHTTPRequestHandler by make_server() (so a
+    one-shot CLI call never imports http.server). Every request takes one path: read the
+    body (always, so a keep-alive connection stays in step), find the route (404), check
+    the method (405, whatever the headers), check Host and Origin (403), let the face answer."""
 
     server_version = f"agora/{__version__}"
     protocol_version = "HTTP/1.1"
@@ -5198,9 +5145,8 @@ class RequestHandler:
         self.rfile = Incoming(self.connection)
 
     def serve_on(self):
-        """Serve the connection's requests, the first one's head in already, until it
-        closes or the Parker is to keep it (a wait of it parks, or it idles between an
-        agent's long-polls)."""
+        """Serve the connection's requests (the first one's head is in) until it closes or
+        the Parker is to keep it (a wait of it parks, or it idles between long-polls)."""
         self.handle_one_request()
         while not self.close_connection and self.parked is None:
             self.handle_one_request()
@@ -5344,11 +5290,9 @@ class RequestHandler:
 
     def reply(self, answer, route, caller, started, at_once=False):
         """Hand ANSWER to CALLER's client (None: none was known) and log it; answer what is
-        left to write: with AT_ONCE (the Parker) only what the socket takes without waiting
-        is written. What the answer hands over is taken back (Line.lost) when the client
-        hung up before it or the write fails: a delivery is final once its answer is
-        written whole (the Parker writes what it could not at once, and takes it back
-        should that fail)."""
+        left to write, which with AT_ONCE (the Parker) is what the socket did not take at
+        once. What the answer hands over is taken back (Line.lost) when the client hung up
+        before it or the write fails: a delivery is final once its answer is written whole."""
         line = caller.line if caller is not None else None
         handed, left = True, b""
         try:
@@ -5458,15 +5402,11 @@ class RequestHandler:
 
 
 class Server:
-    """The listening side: mixed into HTTPServer by make_server().
-
-    A new connection goes to the Parker, which reads its first request's head without a
-    thread; only then is it admitted (admit) to a thread and one of max_connections
-    slots, and it keeps both while it works and between its requests, until it closes
-    or a wait of it parks. A watchdog thread closes the connections threads serve that
-    stay too long in one state (sending a request, taking an answer, idle), so slow
-    clients cost a sleeping thread each, never the others' service. Every setting below
-    can be given to make_server() for one server."""
+    """The listening side, mixed into HTTPServer by make_server(), which takes each setting
+    below. A connection is admitted (admit) to a thread and a slot once the Parker has its
+    request's head, and keeps both until it closes or is parked. A watchdog thread closes
+    those that stay too long in one state (sending a body, taking an answer, idle), so a
+    slow client costs a sleeping thread, never the others' service."""
 
     allow_reuse_address = True
     request_queue_size = 1024   # the stdlib's 5 resets connections in a burst (a crowd's)
@@ -5525,20 +5465,14 @@ class Server:
             self.dated = (second, email.utils.formatdate(second, usegmt=True))
         return self.dated[1]
 
-    def start_watchdog(self):
-        """Start the thread that closes connections past their time."""
-        threading.Thread(target=self._reap, name="agora-watchdog", daemon=True).start()
-
     def watch(self, connection, seconds, closed=False):
         """Close CONNECTION unless it moves on within SECONDS (None: no limit); CLOSED: it
         is closed (or parked), and its slot goes to a connection waiting for one."""
         freed = False
         with self.watch_lock:
-            if closed and connection in self.open_connections:
-                self.open_connections.discard(connection)
-                address = self.addresses.pop(connection, None)
-                if address is not None:
-                    count_out(self.per_address, address)
+            if closed and connection in self.open_connections:   # its slot (_take_slot)
+                self.open_connections.remove(connection)
+                count_out(self.per_address, self.addresses.pop(connection))
                 freed = bool(self.queued)
             if seconds is None:
                 self.deadlines.pop(connection, None)
@@ -5548,6 +5482,7 @@ class Server:
             self._admit()
 
     def _reap(self):
+        """The watchdog: close connections past their time, refuse requests stuck in line."""
         import socket
         while not self.watchdog_stop.wait(self.reap_interval):
             now = time.monotonic()
@@ -5574,12 +5509,11 @@ class Server:
         self.parker.park(handler)
 
     def admit(self, handler):
-        """Serve HANDLER's connection, its request's head in, on a thread once it has a
-        slot: the one admission of every request a thread serves, new or from the Parker.
-        Past max_connections served at once, or max_per_address from one client address
-        (loopback aside), it waits its turn, holding nobody up; it is refused 503 when
-        max_queued wait already, or once it has waited slot_wait seconds in which no slot
-        was taken (the server is stuck) or while its own address holds its whole share."""
+        """Serve HANDLER's connection, its request's head in, on a thread once it has a slot:
+        the one admission of every request a thread serves. Past max_connections, or
+        max_per_address from one client address (loopback aside), it waits its turn; it is
+        refused 503 when max_queued wait already, or after slot_wait seconds in which no
+        slot was taken (the server is stuck) or while its own address holds its share."""
         address = handler.client_address[0]
         with self.watch_lock:
             fits = self._fits(address)
@@ -5629,10 +5563,9 @@ class Server:
         self.admitted = time.monotonic()
 
     def _start(self, handler):
-        """Serve HANDLER's connection, admitted, on a thread: one that is idle, else a new
-        one (starting a thread makes the starter wait for it: a herd admitted through new
-        threads alone would keep the Parker doing little else). With no thread to be had
-        (a pids limit) its request, which did not run, is refused."""
+        """Serve HANDLER's connection, admitted, on an idle thread, else a new one (starting
+        one makes the starter wait: a herd served by new threads alone would keep the Parker
+        doing little else). With no thread to be had (a pids limit) it is refused, unrun."""
         handler.connection.setblocking(True)
         self.watch(handler.connection, self.request_timeout)
         with self.workers:
@@ -5746,7 +5679,7 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
     store.named = "the database file"       # its path is not for remote callers
     server.log = RequestLog(sys.stderr)
     server.parker = Parker(server, server.waiter_capacity())
-    server.start_watchdog()
+    threading.Thread(target=server._reap, name="agora-watchdog", daemon=True).start()
     return server
 
 
@@ -5823,8 +5756,7 @@ def serve_stdio(answer, stdin, stdout, on_initialized=None):
     running then (for a short grace) delivers nothing, and an unwritten answer is taken
     back. Each message has its own thread, so a long read wait=... holds up no other.
     ON_INITIALIZED(write), if given, runs in a thread of its own once the client says
-    notifications/initialized; WRITE(message) is the one way onto stdout, so no lines interleave.
-    """
+    notifications/initialized; WRITE(message) is the one way onto stdout: no lines mix."""
     write_lock, ended, running = threading.Lock(), threading.Event(), []
 
     def write(message):
@@ -5915,8 +5847,7 @@ def remote_call(url, token, name, args, want_json, timeout=REMOTE_TIMEOUT):
         fields = answer if isinstance(answer, dict) and "error" in answer else {"error": text[:200]}
         raise refusal(str(fields.pop("error")), **fields)
     if not kind.startswith("text/plain"):
-        raise Unreachable(f"{url} answered HTTP {status} ({kind or 'no content type'}), "
-                          "not agora")
+        raise Unreachable(f"{url} answered HTTP {status} ({kind or 'no content type'}), not agora")
     if status >= 400:
         raise refusal(text)         # the server's own one line: message and hint
     return text
@@ -5927,7 +5858,6 @@ def bridge_answer(url, token, channel=False):
     CHANNEL it answers the stateless revision itself (-32601, as the local channel does)
     and declares the channel in the server's initialize."""
     endpoint = url.rstrip("/") + "/mcp"
-    auth = {"Authorization": f"Bearer {token}"} if token else {}
 
     def forward(data, line):
         # the server holds what it delivers: it sees the hang-up when this process ends
@@ -5940,10 +5870,9 @@ def bridge_answer(url, token, channel=False):
         request_id, method = message.get("id"), message.get("method")
         routing = stateless_headers(method, message.get("params"))
         if channel and (routing or method == "server/discover"):
-            return rpc_error(request_id, -32601, f"Method not found: {str(method)[:60]} "
-                                                 "(this channel speaks the initialize handshake)")
-        headers = {"Content-Type": "application/json", "Accept": "application/json", **auth,
-                   **(routing or {})}
+            return rpc_error(request_id, -32601, CHANNEL_REFUSAL.format(method))
+        headers = {"Content-Type": "application/json", "Accept": "application/json",
+                   **({"Authorization": f"Bearer {token}"} if token else {}), **(routing or {})}
         try:
             status, kind, body = http_post(endpoint, data, headers)
         except Unreachable as error:
@@ -5952,8 +5881,7 @@ def bridge_answer(url, token, channel=False):
             return None
         answer = parse_json_or_none(body)
         if answer is None:
-            return rpc_error(request_id, -32603, f"{endpoint} answered HTTP {status} "
-                                                 "without JSON")
+            return rpc_error(request_id, -32603, f"{endpoint} answered HTTP {status} without JSON")
         if channel and method == "initialize" and isinstance(answer.get("result"), dict):
             as_channel(answer["result"])
         return answer
@@ -6020,13 +5948,6 @@ def ops_markdown():
         arguments = ", ".join(f"`{word}`" for word in op.usage().split()) or "—"
         lines.append(f"| {shown} | {arguments} | {op.summary} |")
     return "\n".join(lines) + "\n"
-
-
-def _parse_address(text):
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
-        raise UsageError(f"--addr must be HOST:PORT with a port up to 65535, not {text!r}")
-    return host, int(port)
 
 
 def _command_word(argv):
@@ -6141,8 +6062,7 @@ def _link(options, timeout=REMOTE_TIMEOUT, operator=False):
     there the token says who the caller is, and --as would be ignored."""
     if options.url:
         if options.as_name:
-            raise UsageError("--as names a local identity; with --url the token says who "
-                             "you are")
+            raise UsageError("--as names a local identity; with --url the token says who you are")
         return AgentLink(url=options.url, token=bearer_token(options), timeout=timeout)
     as_name = options.as_name or os.environ.get("AGORA_AS") or None
     if not as_name and not operator:
@@ -6199,8 +6119,7 @@ def write_file(path, text, executable=False):
         umask = os.umask(0)
         os.umask(umask)
         mode = (0o777 if executable else 0o666) & ~umask
-    handle, temp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.",
-                                    suffix=".tmp")
+    handle, temp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as f:
             f.write(text)
@@ -6586,14 +6505,9 @@ def news_batches(link, tasks, deadline=None, peek=False):
             yield body
 
 
-def hook_takes(event, client):
-    """Answer whether CLIENT takes anything from agora's hook EVENT: it has that hook."""
-    return any(ours == event for _, ours in HOOK_CLIENTS[client].events)
-
-
 def hook_json(event, client, text):
-    """Answer what CLIENT, which takes it (hook_takes), takes from a hook of EVENT to say
-    TEXT (HookClient's CONTEXT and STOP)."""
+    """Answer what CLIENT, which has that hook, takes from a hook of EVENT to say TEXT
+    (HookClient's CONTEXT and STOP)."""
     facts = HOOK_CLIENTS[client]
     if event == "stop":
         if facts.stop == "followup":
@@ -6620,13 +6534,6 @@ def running_client(written):
     runs Claude Code's hooks (as a shell string) and sets COPILOT_CLI in every hook's
     environment; it takes its own answer shape, and has no idle wake."""
     return "copilot" if written == "claude" and os.environ.get("COPILOT_CLI") else written
-
-
-def interactive_session():
-    """Answer whether the client runs this hook in a session a person attends (Claude
-    Code's entry point is ``cli``, not ``sdk-*``): only there does Claude Code background an
-    asyncRewake hook; headless (claude -p, the SDKs) a waiter would stall the run."""
-    return not os.environ.get("CLAUDE_CODE_ENTRYPOINT", "").startswith("sdk")
 
 
 def hook_trouble(error, client=None):
@@ -6683,8 +6590,10 @@ def _end_with_client():
 def _wake(options):
     """Wait for news; say it on stderr and exit 2 (Claude Code's asyncRewake wakes the
     session), or exit 0 quietly at the timeout. One wake per agent runs at a time, and
-    none in a session nobody attends (interactive_session)."""
-    if not interactive_session():
+    none in a session nobody attends (Claude Code's entry point ``sdk-*``, not ``cli``):
+    only there does Claude Code background an asyncRewake hook; headless (claude -p, the
+    SDKs) a waiter would stall the run."""
+    if os.environ.get("CLAUDE_CODE_ENTRYPOINT", "").startswith("sdk"):
         return 0
     try:
         _end_with_client()      # a thread: there may be none to be had, said as trouble
@@ -6708,8 +6617,8 @@ def _run_hook(options):
     client = running_client(options.client)
     if options.event == "wake":
         return _wake(options) if HOOK_CLIENTS[client].wakes else 0
-    if not hook_takes(options.event, client):
-        return 0                        # the client takes nothing: nothing is told
+    if all(ours != options.event for _, ours in HOOK_CLIENTS[client].events):
+        return 0                        # the client lacks that hook: nothing is told
     if options.event == "stop" and given.get("stop_hook_active") is True:
         return 0                        # it goes on because of a stop hook already
     try:
@@ -6782,7 +6691,7 @@ def _stdio_command(options):
     protocol_out, sys.stdout = sys.stdout, sys.stderr   # stray prints must not reach stdout
     try:
         if link.store is None:
-            answer = bridge_answer(options.url, bearer_token(options), options.channel)
+            answer = bridge_answer(link.url, link.token, options.channel)
         else:
             ensure_local_agent(link.store, link.name, int(time.time()))
 
@@ -7006,9 +6915,8 @@ def _guard_install(options):
     except OSError as error:
         raise Forbidden(f"guard install: {error}") from None
     hooks = _hooks_folder(top, options.force)
-    identity = _written_identity(options)
-    if options.project:
-        identity += ["--project", options.project]
+    identity = _written_identity(options) + (["--project", options.project]
+                                             if options.project else [])
     try:
         with contextlib.closing(_link(options, HOOK_TIMEOUT)) as link:
             link.ask("reservations", {"project": options.project, "limit": 1})
@@ -7046,7 +6954,10 @@ def _guard_command(options):
 
 def _serve_command(options):
     """Serve HTTP on --addr until stopped; refuse (usage) an address that would be unsafe."""
-    host, port = _parse_address(options.addr)
+    host, sep, port = options.addr.rpartition(":")
+    if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
+        raise UsageError(f"--addr must be HOST:PORT with a port up to 65535, not {options.addr!r}")
+    port = int(port)
     if not is_loopback(host) and not options.join_key and not options.open:
         raise UsageError(f"refusing to serve on {host} without a join key: anyone who can "
                          "reach it could join. Pass --join-key KEY (or set $AGORA_JOIN_KEY), "
@@ -7069,8 +6980,7 @@ def _serve_command(options):
                          a2a_guest=options.a2a_guest, a2a_block=max(0, options.a2a_block),
                          max_waiters=max(0, options.max_waiters))
         except OSError as error:
-            raise AgoraError(f"cannot listen on {host}:{port}: "
-                             f"{error.strerror or error}") from None
+            raise AgoraError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
 
 
 # The command line's own commands, beside the operations: what runs each; whether its
@@ -7137,8 +7047,7 @@ def _build_parser(command=None, argv=()):
     common.add_argument("--db", default=argparse.SUPPRESS,
                         help="the database file (default $AGORA_DB or ~/.agora/agora.db)")
     parser.add_argument("--db", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND",
-                                     parser_class=parser_class)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=parser_class)
 
     def wanted(name):
         """Answer whether to build command NAME's parser (None: the operations')."""
