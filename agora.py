@@ -1298,12 +1298,11 @@ hold or a lease runs out (None: none)."""
 
 class Parked(BaseException):
     """Raised out of a wait whose face parks it (Line.parks): the face keeps RERUN and calls
-    it once WATCH says there is news, or the wait ends.
-
-    RERUN() runs the operation again from its validated arguments (call() sets it), and
-    each face layer on the way out wraps it to make its own answer (through): what is kept
-    is what running again needs, never the body, and nothing is parsed again. Not an
-    Exception, so that no refusal or bug handler on its way out catches it."""
+    it once WATCH says there is news, or the wait ends. RERUN() runs the operation again
+    from its validated arguments (call() sets it), and each face layer on the way out wraps
+    it to make its own answer (through): what is kept is what running again needs, never
+    the body, and nothing is parsed again. Not an Exception, so that no refusal or bug
+    handler on its way out catches it."""
 
     def __init__(self, watch):
         super().__init__(watch)
@@ -1390,8 +1389,7 @@ class Watcher:
 
     def __init__(self, store):
         self.store, self.closed = store, False
-        self._changed = threading.Condition()
-        self._generation = 0
+        self._changed, self._generation = threading.Condition(), 0
         self._marks = (None, None)      # (generation, marks()) as last read
         self._waiting, self._watching, self._listeners = 0, False, []
         self._long_polls, self._long_polls_lock = {}, threading.Lock()
@@ -1838,8 +1836,7 @@ class Parker:
         self._make_room(handler)
 
     def _hold(self, handler, state, seconds):
-        """Keep HANDLER's connection in STATE (IDLE: to read, WRITING: to write) for SECONDS
-        at most."""
+        """Keep HANDLER's connection in STATE (IDLE: to read, WRITING: to write) SECONDS at most."""
         import selectors
         events = selectors.EVENT_WRITE if state is WRITING else selectors.EVENT_READ
         if handler.connection in self.idle:
@@ -4422,12 +4419,15 @@ class McpEndpoint(RpcEndpoint):
         if handler is None:
             raise RpcError(-32601, f"Method not found: {method[:60]}",
                            http_status=404 if stateless else 200)
-        result = handler(self, params)
-        if stateless:
-            result["resultType"] = "complete"
-            if method in MCP_CACHEABLE:
-                result.update(ttlMs=0, cacheScope="public")
-        return result
+
+        def of_its_era(run):        # a parked wait's answer, when it comes, passes here too
+            result = Parked.through(run, of_its_era)
+            if stateless:
+                result["resultType"] = "complete"
+                if method in MCP_CACHEABLE:
+                    result.update(ttlMs=0, cacheScope="public")
+            return result
+        return of_its_era(lambda: handler(self, params))
 
     def check_stateless(self, method, params):
         """Refuse a 2026-07-28 request whose _meta or routing headers are wrong."""

@@ -4791,6 +4791,26 @@ class McpStatelessTest(ServerCase):
         status, response, _ = self.modern("tools/call", {"name": "brief"})
         self.assertEqual(status, 401)
 
+    def test_a_parked_wait_answers_as_its_revision_does(self):
+        # The answer of a wait that parked is made again by every layer it passed through:
+        # the 2026-07-28 revision's resultType too, whether news or the deadline ends it.
+        token = self.join("alice")
+        for deadline in (True, False):
+            with self.subTest(deadline=deadline):
+                got = []
+                waiting = threading.Thread(target=lambda: got.append(self.modern(
+                    "tools/call", {"name": "read", "arguments": {"wait": 1 if deadline else 20}},
+                    token)))
+                waiting.start()
+                self.assertTrue(when_parked(self.server).wait(10))
+                if not deadline:
+                    agora.call(self.store, "post", {"to": "alice", "body": "news"},
+                               agora.Caller("bob", True))
+                waiting.join(30)
+                result = got[0][2]["result"]
+                self.assertEqual((result["resultType"], result["isError"]), ("complete", False))
+                self.assertEqual(len(result["structuredContent"]["messages"]), 0 if deadline else 1)
+
     def test_base64_names_are_decoded(self):
         import base64
         token = self.join("alice")
