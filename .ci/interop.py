@@ -61,6 +61,11 @@ async def exercise(client, label, agent):
     check(f"{label}: a refusal is isError with its text",
           refused.is_error and "no task #987654" in refused.content[0].text,
           refused.content[0].text)
+    await client.call_tool("read", {"limit": 200})     # what came before: the next one waits
+    waited = await client.call_tool("read", {"wait": 1})
+    check(f"{label}: a read that waited (parked on a server) answers as its revision does",
+          not waited.is_error and waited.structured_content["messages"] == [],
+          waited.content[0].text)
     try:
         await client.call_tool("fly", {})
         check(f"{label}: unknown tool is a protocol error", False, "no error raised")
