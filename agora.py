@@ -681,7 +681,7 @@ class Store:
             con.close()
             if isinstance(error, sqlite3.Error):    # a disk that fails as the file is set up
                 raise self.problem(error) or StoreError(f"cannot use {path}: {error}") from None
-            if isinstance(error, OSError):          # allocate_shm: no room on the disk
+            if getattr(error, "errno", None) == errno.ENOSPC:   # allocate_shm: no room
                 raise no_space(path, error.strerror) from None
             raise
         self._release(con)
