@@ -116,7 +116,7 @@ PATTERN_RULES = {
     PAGE_TOKEN: "a page token this server gave",
 }
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 NEWEST_MESSAGE = "SELECT coalesce(max(id), 0) FROM messages"
 NEWEST_READY = "SELECT value FROM counters WHERE name = 'ready'"
 MARKS = f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})"     # what a waiter watches
@@ -350,6 +350,12 @@ INSERT INTO counters VALUES ('deps', 0);
     # asks at every commit.
     10: """
 CREATE INDEX cursors_by_channel ON cursors (channel);
+""",
+    # People in the loop: a person is an agent that is a human; a task for someone (for_agent)
+    # is claimed by that one only.
+    11: """
+ALTER TABLE agents ADD COLUMN person INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN for_agent TEXT;
 """,
 }
 
@@ -2048,7 +2054,8 @@ def _described(rule, description, default):
 
 def _string(low=0, high=None, description=None, pattern=None, default=None):
     """Answer a string rule: bounded by LOW and HIGH, or by PATTERN (which says it all)."""
-    bounds = {"pattern": pattern} if pattern else {"minLength": low, "maxLength": high}
+    bounds = {"pattern": pattern} if pattern else {**({"minLength": low} if low else {}),
+                                                   "maxLength": high}
     return _described({"type": "string", **bounds}, description, default)
 
 
@@ -2312,6 +2319,8 @@ OPEN_TASK = f"status IN {sql_set(UNFINISHED)} AND {TASK_STATE} = 'open'"
 READY_TASK = f"{OPEN_TASK} AND NOT {WAITING}"
 BLOCKED_TASK = f"{OPEN_TASK} AND {WAITING}"
 HELD_TASK = f"status = 'claimed' AND {TASK_STATE} = 'claimed'"
+# A task for someone (post_task for=) is theirs alone to take; any other, anyone's.
+YOURS_TO_TAKE = "coalesce(for_agent, :me) = :me"
 
 # A task became ready to claim since an agent was told (:told, a ready_seq, and
 # :told_lease, a time): numbered by became_ready when a write makes it so, or put back
@@ -2331,6 +2340,7 @@ def _task(row):
     task["status"] = row["state"]
     task["tags"] = row["tags"].split(",") if row["tags"] else []
     task["after"], task["waiting_for"] = _ids(row["after_ids"]), _ids(row["waiting_ids"])
+    task["for"] = row["for_agent"]
     if row["state"] != row["status"]:
         task.update(owner=None, lease_until=None)
     return task
@@ -2344,6 +2354,8 @@ def _task_line(task, now):
         state = f"{state} by {task['owner']}"
     if state == "open" and task["waiting_for"]:
         state = "waits for " + ", ".join(f"#{i}" for i in task["waiting_for"])
+    if task["for"] and task["status"] in UNFINISHED:
+        state += f" (for {task['for']})"
     priority = f" p{task['priority']}" if task["priority"] else ""
     tags = f" [{','.join(task['tags'])}]" if task["tags"] else ""
     line = (f"#{task['id']} {state}{priority} \"{clip(task['title'], 100)}\"{tags} "
@@ -2405,9 +2417,10 @@ def _untold(db, me, with_tasks, now):
                      preview=clip(row["body"], PREVIEW_LENGTH),
                      **({"ack": True} if row["asks_ack"] else {})) for row in rows]
     tasks = [_task(row) for row in db.execute(
-        f"{TASK_ROWS} WHERE {NEWLY_READY} AND {READY_TASK} AND poster != :me "
-        "ORDER BY id LIMIT :limit", {"told": told_ready, "told_lease": told_lease, "me": me,
-                                     "now": now, "limit": NEWS_PREVIEWS})] if with_tasks else []
+        f"{TASK_ROWS} WHERE {NEWLY_READY} AND {READY_TASK} AND {YOURS_TO_TAKE} AND "
+        "poster != :me ORDER BY id LIMIT :limit",
+        {"told": told_ready, "told_lease": told_lease, "me": me, "now": now,
+         "limit": NEWS_PREVIEWS})] if with_tasks else []
     return previews, counts, tasks
 
 
@@ -2417,7 +2430,8 @@ def news_summary(previews, count, tasks, now, capped=None):
     lines = [_message_line(dict(preview, body=preview["preview"]), now) for preview in previews]
     if count > len(previews):
         lines.append(f"({count_text(count - len(previews), capped)} more; read takes them)")
-    lines += [f"ready: {_task_line(task, now)}" for task in tasks]
+    lines += [f"{'for you' if task['for'] else 'ready'}: {_task_line(task, now)}"
+              for task in tasks]
     return "\n".join(lines) or "nothing new"
 
 
@@ -2601,11 +2615,12 @@ NOTHING_RESERVED = "nothing keeps you off them"
 
 # Agents ----------------------------------------------------------------------
 
-def _create_agent(db, name, now, about="", token_hash=None):
-    """Create agent NAME, following public and told up to now (as a follower reads from now)."""
-    db.execute(f"INSERT INTO agents (name, about, token_hash, created, seen, told_id, "
-               f"told_ready, told_lease) VALUES (?, ?, ?, ?, ?, ({NEWEST_MESSAGE}), "
-               f"({NEWEST_READY}), ?)", (name, about, token_hash, now, now, now))
+def _create_agent(db, name, now, about="", token_hash=None, person=False):
+    """Create agent NAME (a human when PERSON), following public and told up to now (as a
+    follower reads from now)."""
+    db.execute(f"INSERT INTO agents (name, about, token_hash, person, created, seen, told_id, "
+               f"told_ready, told_lease) VALUES (?, ?, ?, ?, ?, ?, ({NEWEST_MESSAGE}), "
+               f"({NEWEST_READY}), ?)", (name, about, token_hash, person, now, now, now))
     db.execute("INSERT INTO cursors (agent, channel, following, last_id) VALUES (?, ?, 1, 0)",
                (name, mailbox(name)))
     _follow(db, name, "public")
@@ -2626,7 +2641,7 @@ def may_rotate(caller, name):
 @operation("join", "Register an agent; answers its bearer token, shown once. Joining as "
            "yourself rotates it.",
            {"name": NAME, "about": _string(0, 500, "what you do"),
-            "key": _string(0, 200, "the server's join key")},
+            "key": _string(0, 200, "the server's join key"), "person": FLAG},
            required=["name"], open=True, runs=OWN_TURN,
            retry="joining again answers 409 if the first took: the operator can rotate its token")
 def op_join(store, caller, args, now):
@@ -2653,17 +2668,20 @@ def op_join(store, caller, args, now):
             if _agent_exists(db, name) != taken:
                 raise Conflict(f"the name {name} was taken just now", hint="pick another name")
             if taken:
-                db.execute("UPDATE agents SET token_hash = ?, about = coalesce(?, about), seen = ? "
-                           "WHERE name = ?", (hash_token(token), args["about"], now, name))
+                db.execute("UPDATE agents SET token_hash = ?, about = coalesce(?, about), "
+                           "seen = ?, person = max(person, ?) WHERE name = ?",
+                           (hash_token(token), args["about"], now, bool(args["person"]), name))
                 done = f"rotated {name}'s token; the old one no longer works"
             else:
-                _create_agent(db, name, now, args["about"] or "", hash_token(token))
+                _create_agent(db, name, now, args["about"] or "", hash_token(token),
+                              bool(args["person"]))
                 done = f"joined as {name}"
     return Result({"agent": name, "token": token}, f"{done}. token (shown once): {token}\n"
                   f"send it as 'Authorization: Bearer <token>'; call brief first")
 
 
 QUIET_HINT = f"all quiet: read wait={MAX_WAIT} waits for mail"
+AGENT_ITEMS = 10            # held tasks and reservations `agents` shows per agent; people brief
 
 # What agent :me holds and reserves, in the order brief and agents show them.
 HELD_BY = f"owner = :me AND {HELD_TASK} ORDER BY lease_until"
@@ -2711,8 +2729,14 @@ def op_brief(store, caller, args, now):
         held = [_task(row) for row in db.execute(f"{TASK_ROWS} WHERE {HELD_BY}", where)]
         open_count, blocked = db.execute(
             f"SELECT coalesce(sum(NOT {WAITING}), 0), coalesce(sum({WAITING}), 0) "
-            f"FROM tasks WHERE {OPEN_TASK}", where).fetchone()
+            f"FROM tasks WHERE {OPEN_TASK} AND {YOURS_TO_TAKE}", where).fetchone()
         top = _listed(db, "open", me, now, TOP_OPEN_TASKS)
+        for_you = [_task(row) for row in db.execute(
+            f"{TASK_ROWS} WHERE for_agent = :me AND {OPEN_TASK} ORDER BY priority DESC, id "
+            "LIMIT :limit", dict(where, limit=TOP_OPEN_TASKS))]
+        people = [dict(row) for row in db.execute(
+            "SELECT name AS id, seen FROM agents WHERE person = 1 AND name != :me "
+            "ORDER BY seen DESC LIMIT :limit", dict(where, limit=AGENT_ITEMS))]
         changed = [_note(row, with_body=False) for row in db.execute(
             "SELECT * FROM notes WHERE updated > ? AND author != ? "
             "ORDER BY updated DESC LIMIT 10", (agent["briefed"], me))]
@@ -2724,6 +2748,8 @@ def op_brief(store, caller, args, now):
     elif held:
         hint = (f"work on #{held[0]['id']}; done id={held[0]['id']} result=... when "
                 f"finished, extend id={held[0]['id']} if you need longer")
+    elif for_you and not for_you[0]["waiting_for"]:
+        hint = f"claim id={for_you[0]['id']}: {for_you[0]['poster']} asks it of you"
     elif open_count:
         hint = f"claim id={top[0]['id']} (or plain claim) to take the top task"
     else:
@@ -2735,18 +2761,23 @@ def op_brief(store, caller, args, now):
             f"{ch} {count_text(n)}" for ch, n in unread.channels.items()))
     lines += acks_lines(acks, now)
     lines += [f"holding {_task_line(task, now)}" for task in held]
+    lines += [f"for you: {_task_line(task, now)}" for task in for_you]
     lines += [f"reserved {_reservation_line(r, now)}" for r in reserved]
     if open_count or blocked:
         waiting = f" ({blocked} more wait for others: tasks which=blocked)" if blocked else ""
         lines.append(f"ready tasks {open_count}{waiting}" + ("; top:" if top else ""))
         lines += [f"  {_task_line(task, now)}" for task in top]
+    if people:
+        lines.append("people: " + ", ".join(f"{person['id']} (seen {age(now - person['seen'])} "
+                                            "ago)" for person in people))
     if changed:
         lines.append("notes changed: " + ", ".join(
             f"{_note_name(n)} v{n['version']} by {n['author']}" for n in changed))
     lines.append(f"next: {hint}")
     return Result({"agent": me, "unread": {"total": total, "channels": unread.channels},
-                   "held": held, "reserved": reserved, "acks": acks,
+                   "held": held, "for_you": for_you, "reserved": reserved, "acks": acks,
                    "open": {"count": open_count, "blocked": blocked, "top": top},
+                   "people": people,
                    "notes_changed": changed, "hint": hint}, "\n".join(lines))
 
 
@@ -2759,11 +2790,9 @@ def op_profile(store, caller, args, now):
     return Result({"agent": caller.name}, f"{caller.name}: about updated")
 
 
-AGENT_ITEMS = 10            # held tasks and reservations `agents` shows per agent
-
-
 def _agent_line(agent, now, unread):
-    line = f"{agent['id']} seen {age(now - agent['seen'])}"
+    person = " (a person)" if agent["person"] else ""
+    line = f"{agent['id']}{person} seen {age(now - agent['seen'])}"
     if agent["status"]:
         line += f" · {clip(agent['status'], 100)}"
     if "unread" in agent:
@@ -2789,12 +2818,12 @@ def op_agents(store, caller, args, now):
     reserved_sql = f"{RESERVED_BY} LIMIT :items"
     agents, unread = [], None
     with store.transaction() as db:
-        for row in db.execute("SELECT name, about, status, created, seen FROM agents "
+        for row in db.execute("SELECT name, about, status, person, created, seen FROM agents "
                               "WHERE name != ? ORDER BY seen DESC, name LIMIT ?",
                               (SYSTEM_SENDER, args["limit"])).fetchall():
             where = {"me": row["name"], "now": now, "items": AGENT_ITEMS}
             agent = {"id": row["name"], "about": row["about"], "status": row["status"],
-                     "created": row["created"], "seen": row["seen"],
+                     "person": bool(row["person"]), "created": row["created"], "seen": row["seen"],
                      "held": [dict(task) for task in db.execute(held_sql, where)],
                      "reserved": [_reservation(r) for r in db.execute(reserved_sql, where)]}
             if row["name"] == caller.name:
@@ -3396,7 +3425,7 @@ def op_news(store, caller, args, now):
 # Tasks -----------------------------------------------------------------------
 
 TASK_LISTS = {
-    "open": (READY_TASK, "priority DESC, id"),        # best first: what claim takes
+    "open": (f"{READY_TASK} AND {YOURS_TO_TAKE}", "priority DESC, id"),  # what claim takes
     "blocked": (BLOCKED_TASK, "priority DESC, id"),
     "mine": (f"owner = :me AND {HELD_TASK}", "id DESC"),
     "posted": (f"poster = :me AND status IN {sql_set(UNFINISHED)}", "id DESC"),
@@ -3446,6 +3475,12 @@ def _check_after(db, task_id, after):
                          hint="a task cannot wait, even through others, for itself")
 
 
+def _check_for(db, name):
+    """Refuse a task for NAME (None: for anyone) when there is no such agent."""
+    if name is not None and not _agent_exists(db, name):
+        raise NotFound(f"no agent {name} to do it", hint="agents lists who is here")
+
+
 def _set_list(db, table, column, task_id, values):
     """Make VALUES task TASK_ID's list in side table TABLE (they go in its COLUMN)."""
     db.execute(f"DELETE FROM {table} WHERE task_id = ?", (task_id,))
@@ -3459,10 +3494,10 @@ PRIORITY_BOUNDS = (-1000, 1000)
 PRIORITY = _integer(*PRIORITY_BOUNDS, "higher is taken first", default=0)
 
 
-@operation("post_task", "Put a task on the board for any agent to claim; with after, it "
-           "waits until those are done.",
+@operation("post_task", "Put a task on the board for anyone to claim, or for one agent or "
+           "person; with after, it waits until those are done.",
            {"title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS, "priority": PRIORITY,
-            "after": AFTER},
+            "after": AFTER, "for": NAME},
            required=["title"],
            retry="look at tasks which=posted first: posting it again makes a second task")
 def op_post_task(store, caller, args, now):
@@ -3470,15 +3505,18 @@ def op_post_task(store, caller, args, now):
     tags, after = sorted(set(args["tags"] or [])), sorted(set(args["after"] or []))
     with store.transaction(write=True) as db:
         _check_after(db, None, after)
+        _check_for(db, args["for"])
         task_id = db.execute(
-            "INSERT INTO tasks (title, body, tags, priority, poster, created, updated) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)", (args["title"], args["body"] or "", ",".join(tags),
-                                             args["priority"], caller.name, now, now)).lastrowid
+            "INSERT INTO tasks (title, body, tags, priority, poster, for_agent, created, updated) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (args["title"], args["body"] or "", ",".join(tags),
+                                                args["priority"], caller.name, args["for"], now,
+                                                now)).lastrowid
         db.executemany("INSERT INTO task_tags (tag, task_id) VALUES (?, ?)",
                        [(tag, task_id) for tag in tags])     # new: no DELETE (a scan)
         _set_list(db, "task_deps", "after_id", task_id, after)
         became_ready(db, [task_id], now)
     waits = f"; it waits for {', '.join(f'#{i}' for i in after)}" if after else ""
+    waits += f"; only {args['for']} may claim it" if args["for"] else ""
     return Result({"id": task_id}, f"posted task #{task_id} \"{clip(args['title'])}\"{waits}")
 
 
@@ -3491,7 +3529,7 @@ def _find_task(db, task_id, now):
 
 @operation("update_task", "Change an open task you posted; after replaces its list.",
            {"id": ID, "title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS,
-            "priority": _integer(*PRIORITY_BOUNDS), "after": AFTER},
+            "priority": _integer(*PRIORITY_BOUNDS), "after": AFTER, "for": NAME},
            required=["id"], runs=OWN_TURN, retry=RETRY_SAFE)
 def op_update_task(store, caller, args, now):
     """Change the given fields of an open task the caller posted. A new after is checked
@@ -3511,6 +3549,9 @@ def op_update_task(store, caller, args, now):
                            hint="post_task a new one")
         changes = {field: args[field] for field in ("title", "body", "priority")
                    if args[field] is not None}
+        if args["for"] is not None:
+            _check_for(db, args["for"])
+            changes["for_agent"] = args["for"]
         if args["tags"] is not None:
             tags = sorted(set(args["tags"]))
             changes["tags"] = ",".join(tags)
@@ -3582,7 +3623,7 @@ def _quote(task):
 
 
 @operation("claim", "Take a task under a lease: the given id, or the best ready one "
-           "(with a tag if given). Exactly one claimer wins.",
+           "(with a tag if given). One claimer wins.",
            {"id": ID, "tag": NAME, "lease": LEASE},
            retry="claim it again by id: if the first took, the answer says you hold it")
 def op_claim(store, caller, args, now):
@@ -3593,6 +3634,9 @@ def op_claim(store, caller, args, now):
     with store.transaction(write=True) as db:
         if args["id"] is not None:
             task = _task(_find_task(db, args["id"], now))
+            if task["for"] not in (None, me):
+                raise Forbidden(f"task #{task['id']} is for {task['for']}: only they may "
+                                "claim it", hint="claim another task")
             if task["status"] == "claimed":
                 left = age(task["lease_until"] - now)
                 if task["owner"] == me:
@@ -4049,7 +4093,7 @@ def _check_value(name, rule, value):
     if "pattern" in rule and not re.fullmatch(rule["pattern"], value):     # '$' allows "\n"
         raise BadRequest(f"{name} must be {PATTERN_RULES[rule['pattern']]} (got {value!r:.60})")
     if not rule.get("minLength", 0) <= len(value) <= rule.get("maxLength", len(value)):
-        raise BadRequest(f"{name} must be {rule['minLength']}-{rule['maxLength']} "
+        raise BadRequest(f"{name} must be {rule.get('minLength', 0)}-{rule['maxLength']} "
                          f"characters (got {len(value)})")
     return value
 

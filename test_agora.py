@@ -1558,6 +1558,8 @@ class MessageIndexTest(StoreCase):
         con.execute("DELETE FROM messages_fts")
         con.execute("DELETE FROM counters WHERE name IN ('indexed', 'deps')")
         con.execute("DROP INDEX cursors_by_channel")
+        con.execute("ALTER TABLE agents DROP COLUMN person")
+        con.execute("ALTER TABLE tasks DROP COLUMN for_agent")
         con.execute(trigger)
         con.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
         con.execute("INSERT INTO messages (channel, sender, body, ts) "
@@ -1966,7 +1968,7 @@ class TaskTest(StoreCase):
         self.assertEqual(task["tags"], ["bug", "ui"])
         self.assertEqual(set(task), {"id", "title", "body", "tags", "poster", "status", "owner",
                                      "lease_until", "result", "priority", "created",
-                                     "updated", "after", "waiting_for"})
+                                     "updated", "after", "waiting_for", "for"})
         self.refused(404, "task", id=999)
         self.refused(400, "tasks", which="someday")
 
@@ -2073,6 +2075,61 @@ class TaskTest(StoreCase):
             barrier.wait()
             return self.call("claim", who=f"agent{i}", id=task).status
         self.assertEqual(sorted(self.in_threads(8, claimer)), [200] + [409] * 7)
+
+
+class WorkForSomeoneTest(StoreCase):
+    """People in the loop, first part: a person is an agent that is a human, and a task for
+    someone (post_task for=) is theirs alone to claim, in their brief and news."""
+
+    def setUp(self):
+        super().setUp()
+        agora.call(self.store, "join", {"name": "ann", "person": True})
+        for who in ("ann", "bob", "carol"):
+            self.ok("brief", who=who)
+
+    def test_only_the_one_it_is_for_may_claim_it(self):
+        task = self.ok("post_task", who="bob", title="drop the legacy table?", **{"for": "ann"})
+        self.refused(404, "claim", who="carol")         # claim without id passes it by
+        error = self.refused(403, "claim", who="carol", id=task["id"])
+        self.assertIn("for ann", error)
+        self.assertEqual(self.ok("tasks", who="carol")["tasks"], [])
+        self.assertEqual(self.ok("claim", who="ann")["task"]["id"], task["id"])
+        self.assertEqual(self.ok("task", id=task["id"])["task"]["for"], "ann")
+
+    def test_it_stands_in_their_brief_and_news_only(self):
+        task = self.ok("post_task", who="bob", title="ship it?", **{"for": "ann"})
+        brief = self.call("brief", who="ann")
+        self.assertEqual([t["id"] for t in brief.body["for_you"]], [task["id"]])
+        self.assertIn("for you: #", brief.text)
+        self.assertIn(f"claim id={task['id']}", brief.body["hint"])
+        self.assertEqual(self.ok("brief", who="carol")["for_you"], [])
+        self.assertEqual(self.ok("brief", who="carol")["open"]["count"], 0)
+        later = self.ok("post_task", who="bob", title="then this", after=[task["id"]],
+                        **{"for": "ann"})
+        self.ok("claim", who="ann", id=task["id"])
+        self.ok("done", who="ann", id=task["id"], result="yes")
+        news = self.call("news", who="ann", tasks=True)
+        self.assertEqual([t["id"] for t in news.body["tasks"]], [later["id"]])
+        self.assertIn("for you: #", news.text)
+        self.assertEqual(self.ok("news", who="carol", tasks=True)["tasks"], [])
+
+    def test_update_task_hands_it_to_another(self):
+        task = self.ok("post_task", who="bob", title="review", **{"for": "ann"})
+        self.ok("update_task", who="bob", id=task["id"], **{"for": "carol"})
+        self.refused(403, "claim", who="ann", id=task["id"])
+        self.refused(404, "update_task", who="bob", id=task["id"], **{"for": "nobody"})
+        self.refused(404, "post_task", who="bob", title="x", **{"for": "nobody"})
+        self.assertEqual(self.ok("claim", who="carol")["task"]["id"], task["id"])
+
+    def test_a_person_is_marked_and_named_in_an_agents_brief(self):
+        agents = self.call("agents", who="bob")
+        marked = {agent["id"]: agent["person"] for agent in agents.body["agents"]}
+        self.assertEqual((marked["ann"], marked["bob"]), (True, False))
+        self.assertIn("ann (a person)", agents.text)
+        brief = self.call("brief", who="bob")
+        self.assertEqual([person["id"] for person in brief.body["people"]], ["ann"])
+        self.assertIn("people: ann (seen", brief.text)
+        self.assertEqual(self.ok("brief", who="ann")["people"], [])
 
 
 class OwnTasksTest(StoreCase):
