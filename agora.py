@@ -2765,8 +2765,9 @@ def op_brief(store, caller, args, now):
     lines += [f"reserved {_reservation_line(r, now)}" for r in reserved]
     if open_count or blocked:
         waiting = f" ({blocked} more wait for others: tasks which=blocked)" if blocked else ""
-        lines.append(f"ready tasks {open_count}{waiting}" + ("; top:" if top else ""))
-        lines += [f"  {_task_line(task, now)}" for task in top]
+        shown = [task for task in top if task["for"] is None]   # for you: said above
+        lines.append(f"ready tasks {open_count}{waiting}" + ("; top:" if shown else ""))
+        lines += [f"  {_task_line(task, now)}" for task in shown]
     if people:
         lines.append("people: " + ", ".join(f"{person['id']} (seen {age(now - person['seen'])} "
                                             "ago)" for person in people))

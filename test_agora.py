@@ -2101,6 +2101,7 @@ class WorkForSomeoneTest(StoreCase):
         brief = self.call("brief", who="ann")
         self.assertEqual([t["id"] for t in brief.body["for_you"]], [task["id"]])
         self.assertIn("for you: #", brief.text)
+        self.assertEqual(brief.text.count('"ship it?"'), 1)      # not again among the top
         self.assertIn(f"claim id={task['id']}", brief.body["hint"])
         self.assertEqual(self.ok("brief", who="carol")["for_you"], [])
         self.assertEqual(self.ok("brief", who="carol")["open"]["count"], 0)
