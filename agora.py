@@ -773,11 +773,15 @@ class Store:
         return self.connect()
 
     def _release(self, con):
+        """Pool CON again, unless it is still inside a transaction (its ROLLBACK failed, on a
+        full disk): closing it undoes the transaction and lets go of its locks, which the
+        next write, on another connection, would otherwise wait for."""
         with self._pool_lock:
-            if not self._closed:
+            if not self._closed and not con.in_transaction:
                 self._pool.append(con)
                 return
-        con.close()
+        with contextlib.suppress(sqlite3.Error):
+            con.close()
 
     @contextlib.contextmanager
     def transaction(self, write=False):

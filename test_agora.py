@@ -371,6 +371,17 @@ class StoreFileTest(unittest.TestCase):
         self.assertEqual((refused.status, refused.body["error"]), (503, "agora is stopping"))
 
 
+class PoolTest(StoreCase):
+    """A connection goes back to the pool only outside any transaction."""
+
+    def test_a_connection_left_inside_a_transaction_is_closed_not_pooled(self):
+        con = self.store._acquire()
+        con.execute("BEGIN IMMEDIATE")      # as a ROLLBACK that failed on a full disk leaves it
+        self.store._release(con)
+        self.assertNotIn(con, self.store._pool)
+        self.ok("post", body="the next write takes another connection")
+
+
 class CountingStore(agora.Store):
     """A store that counts the write transactions it opens: one commit, one fsync each."""
 
