@@ -61,7 +61,6 @@ import contextlib
 import collections
 import errno
 import functools
-import heapq
 import json
 import os
 import re
@@ -1698,6 +1697,7 @@ class Parker:
                 self._let_go(kept)
 
     def _add(self, waiter):
+        import heapq
         import selectors
         connection, agent = waiter.connection, waiter.watch.agent
         connection.setblocking(False)
@@ -1723,6 +1723,7 @@ class Parker:
     def _time(self, waiter):
         """Set when WAITER ends unless news comes: its deadline, or a hold or lease that
         runs out first."""
+        import heapq
         ends, until = waiter.line.deadline, waiter.watch.until
         if until is not None:
             ends = min(ends, time.monotonic() + (until - time.time()))
@@ -1762,6 +1763,7 @@ class Parker:
     def _compact(self):
         """Drop from the longest heaps what they hold of waits that are over (amortized: at
         most once for as many parks as there are waits)."""
+        import heapq
         kept = {}
         for key, heap in self.longest.items():
             heap = [entry for entry in heap if self._keeps(entry[2])]
@@ -1774,6 +1776,7 @@ class Parker:
         """End the longest parked wait of LONGEST (a heap of self.longest) now, as if its
         time ran out; answer whether there was one. What the heap holds of waits that
         ended or parked again since is dropped as it comes up: O(log n) a wait."""
+        import heapq
         while longest:
             waiter = heapq.heappop(longest)[2]
             if self._keeps(waiter) and waiter.line.deadline:
@@ -1847,6 +1850,7 @@ class Parker:
 
     def _hold(self, handler, state, seconds):
         """Keep HANDLER's connection in STATE (IDLE: to read, WRITING: to write) SECONDS at most."""
+        import heapq
         import selectors
         events = selectors.EVENT_WRITE if state is WRITING else selectors.EVENT_READ
         if handler.connection in self.idle:
@@ -1902,6 +1906,7 @@ class Parker:
         """Answer the waiters to run again now: those whose time ran out and, when NEWS may
         have come, those it concerns (not all who wait). Let go of the connections whose
         time here ran out (idle, a head sent too slowly, an answer taken too slowly)."""
+        import heapq
         due, self.again = set(self.again), []
         if news and self.waiters:
             newest, ready = self.store.watcher.marks()
@@ -2635,6 +2640,12 @@ def _agent_exists(db, name):
         "SELECT 1 FROM agents WHERE name = ?", (name,)).fetchone() is not None
 
 
+def _require_agent(db, name):
+    """Refuse NAME unless it is an agent here (None names nobody: nothing to refuse)."""
+    if name is not None and not _agent_exists(db, name):
+        raise NotFound(f"no agent {name}", hint="agents lists who is here")
+
+
 def may_rotate(caller, name):
     """Answer whether CALLER may rotate NAME's token: its own, or anyone's for the operator
     (the command line on the file, with no --as). Identity never moves through a tool call:
@@ -2944,8 +2955,7 @@ def op_post(store, caller, args, now):
     # holds at the insert, wherever they run; the insert itself checks the channel exists.
     if to is not None or args["reply_to"] is not None:
         with store.autocommit() as db:
-            if to is not None and not _agent_exists(db, to):
-                raise NotFound(f"no agent {to}", hint="agents lists who is here")
+            _require_agent(db, to)
             if args["reply_to"] is not None:
                 _visible_message(db, args["reply_to"], me)
     channel = mailbox(to) if to is not None else channel or "public"
@@ -3230,8 +3240,7 @@ def op_history(store, caller, args, now):
         if channel == mailbox(me):
             where = "channel = :mailbox"
         elif other is not None:
-            if not _agent_exists(db, other):
-                raise NotFound(f"no agent {other}", hint="agents lists who is here")
+            _require_agent(db, other)
             where = ("((channel = :theirs AND sender = :me) "
                      "OR (channel = :mailbox AND sender = :other))")
             params.update(theirs=mailbox(other), other=other)
@@ -3480,12 +3489,6 @@ def _check_after(db, task_id, after):
                          hint="a task cannot wait, even through others, for itself")
 
 
-def _check_for(db, name):
-    """Refuse a task for NAME (None: for anyone) when there is no such agent."""
-    if name is not None and not _agent_exists(db, name):
-        raise NotFound(f"no agent {name} to do it", hint="agents lists who is here")
-
-
 def _set_list(db, table, column, task_id, values):
     """Make VALUES task TASK_ID's list in side table TABLE (they go in its COLUMN)."""
     db.execute(f"DELETE FROM {table} WHERE task_id = ?", (task_id,))
@@ -3510,7 +3513,7 @@ def op_post_task(store, caller, args, now):
     tags, after = sorted(set(args["tags"] or [])), sorted(set(args["after"] or []))
     with store.transaction(write=True) as db:
         _check_after(db, None, after)
-        _check_for(db, args["for"])
+        _require_agent(db, args["for"])
         task_id = db.execute(
             "INSERT INTO tasks (title, body, tags, priority, poster, for_agent, created, updated) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (args["title"], args["body"] or "", ",".join(tags),
@@ -3555,7 +3558,7 @@ def op_update_task(store, caller, args, now):
         changes = {field: args[field] for field in ("title", "body", "priority")
                    if args[field] is not None}
         if args["for"] is not None:
-            _check_for(db, args["for"])
+            _require_agent(db, args["for"])
             changes["for_agent"] = args["for"]
         if args["tags"] is not None:
             tags = sorted(set(args["tags"]))
@@ -5714,8 +5717,9 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
     answer to; SETTINGS are Server's (quiet, public_url, a2a_guest, a2a_block, the timeouts
     and max_connections)."""
     import hashlib          # every request's token is hashed: loaded now, while descriptors
-    import socket           # are to be had, not at the first request; so is what a bug's
-    import traceback        # report needs (report_bug)
+    import heapq            # are to be had, not at the first request; so are what the
+    import socket           # Parker keeps its timers with and what a bug's report needs
+    import traceback        # (report_bug)
     from http.server import BaseHTTPRequestHandler, HTTPServer
     handler = type("AgoraRequestHandler", (RequestHandler, BaseHTTPRequestHandler), {})
     server_class = type("AgoraServer", (Server, HTTPServer), {
