@@ -7523,7 +7523,8 @@ async function loadDirect() {
 function taskCard(task) {
   const card = el("div", {className: "task card", "data-id": task.id},
     el("div", {className: "title"}, "#" + task.id + " " + task.title),
-    el("div", {className: "meta"}, (task.priority ? "p" + task.priority + " · " : "") +
+    el("div", {className: "meta"}, (task.for ? "for " + task.for + " · " : "") +
+       (task.priority ? "p" + task.priority + " · " : "") +
        (task.tags.length ? "[" + task.tags.join(", ") + "] · " : "") + "by " + task.poster +
        " · " + age(task.created)));
   if (task.status === "claimed")
@@ -7544,7 +7545,7 @@ function taskCard(task) {
     try { await api(op, args); say(label + " #" + task.id); loadTasks(); }
     catch (error) { say(error.message); }
   }}, label));
-  if (planState(task) === "ready") act("Claim", "claim");
+  if (planState(task) === "ready" && (!task.for || task.for === me)) act("Claim", "claim");
   if (task.status === "claimed" && task.owner === me) {
     act("Done", "done", true);
     act("Release", "release");
@@ -7775,7 +7776,8 @@ function teamRow(agent) {
   return el("li", {className: "card member" + (idle ? " idle" : ""), "data-agent": agent.id},
     el("div", {},
        el("div", {}, el("b", {}, agent.id), el("span", {className: "meta"},
-          " · " + (idle ? "idle, " : "") + "seen " + age(agent.seen) + " ago"),
+          (agent.person ? " · a person" : "") + " · " + (idle ? "idle, " : "") + "seen " +
+          age(agent.seen) + " ago"),
           "unread" in agent ? (agent.unread ? el("span", {className: "badge"},
                                                   agent.unread + " unread")
                                : el("span", {className: "meta"}, " · nothing unread")) : null),
