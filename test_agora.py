@@ -2133,6 +2133,12 @@ class WorkForSomeoneTest(StoreCase):
         self.refused(404, "post_task", who="bob", title="x", **{"for": "nobody"})
         self.assertEqual(self.ok("claim", who="carol")["task"]["id"], task["id"])
 
+    def test_a_rotation_marks_a_person_and_never_unmarks_one(self):
+        agora.call(self.store, "join", {"name": "ann"})             # the operator rotates
+        agora.call(self.store, "join", {"name": "bob", "person": True})
+        marked = {agent["id"]: agent["person"] for agent in self.ok("agents")["agents"]}
+        self.assertEqual((marked["ann"], marked["bob"], marked["carol"]), (True, True, False))
+
     def test_a_person_is_marked_and_named_in_an_agents_brief(self):
         agents = self.call("agents", who="bob")
         marked = {agent["id"]: agent["person"] for agent in agents.body["agents"]}
