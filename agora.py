@@ -97,6 +97,14 @@ MAX_WILDCARDS = 10          # wildcards one reservation pattern may hold
 MAX_RESERVATIONS = 200      # live reservations one agent may hold in one project
 BUSY_TIMEOUT = 30
 GROUP_COMMIT_MAX = 64       # write blocks that may share one commit (and one fsync)
+NOTIFY_EVERY = 60           # seconds of things for one person that one notice gathers
+ESCALATE_AFTER = 1800       # seconds an acknowledgement may wait before its person is told
+SILENT_AFTER = 1800         # seconds an agent holding work may go unseen, likewise
+ON_PAGE = 60                # a person seen this recently sees the page: told nothing off it
+NOTICE_TIMEOUT = 10         # seconds one attempt to deliver a notice may take
+RETRY_FIRST, RETRY_MOST = 5, 3600   # seconds between attempts: doubling from, up to
+GIVE_UP = 86400             # seconds a notice is tried before it is given up (and shown)
+NOTICE_ITEMS = 100          # things one person's outbox gathers for one notice at most
 
 SLUG = r"^[a-z0-9._-]{1,48}$"
 CHANNEL_OR_MAILBOX = r"^@?[a-z0-9._-]{1,48}$"
@@ -115,7 +123,7 @@ PATTERN_RULES = {
     PAGE_TOKEN: "a page token this server gave",
 }
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 NEWEST_MESSAGE = "SELECT coalesce(max(id), 0) FROM messages"
 NEWEST_READY = "SELECT value FROM counters WHERE name = 'ready'"
 MARKS = f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})"     # what a waiter watches
@@ -355,6 +363,47 @@ CREATE INDEX cursors_by_channel ON cursors (channel);
     11: """
 ALTER TABLE agents ADD COLUMN person INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks ADD COLUMN for_agent TEXT;
+""",
+    # Telling people off the box: an agent may work for a person; a person names where to be
+    # told (notify, its HMAC secret), when not (quiet_until), and hears of a destination
+    # failing (notify_failed: since when, notify_error: why). What a person is to be told
+    # gathers in notice_items (key: each thing once; topic: things told as one, such as one
+    # sender's direct messages) until its window closes and they become one notice, which
+    # the sender thread delivers in order per person, next at due, until sent (or given up).
+    # A finished task records the face it was finished through (via): a decision's record.
+    12: """
+ALTER TABLE agents ADD COLUMN works_for TEXT;
+ALTER TABLE agents ADD COLUMN notify TEXT;
+ALTER TABLE agents ADD COLUMN notify_secret TEXT;
+ALTER TABLE agents ADD COLUMN quiet_until INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE agents ADD COLUMN notify_failed INTEGER;
+ALTER TABLE agents ADD COLUMN notify_error TEXT;
+ALTER TABLE tasks ADD COLUMN via TEXT;
+CREATE TABLE notice_items (
+    id INTEGER PRIMARY KEY,
+    person TEXT NOT NULL,
+    key TEXT NOT NULL,
+    topic TEXT,
+    kind TEXT NOT NULL,
+    line TEXT NOT NULL,
+    link TEXT NOT NULL,
+    count INTEGER NOT NULL DEFAULT 1,
+    at INTEGER NOT NULL,
+    notice INTEGER,
+    UNIQUE (person, key)
+);
+CREATE INDEX notice_items_gathering ON notice_items (person, topic) WHERE notice IS NULL;
+CREATE TABLE notices (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    person TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    created INTEGER NOT NULL,
+    due INTEGER NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    sent INTEGER
+);
+CREATE INDEX notices_unsent ON notices (person, id) WHERE sent IS NULL;
 """,
 }
 
@@ -936,12 +985,14 @@ ON_WRITER = "writer"        # in a turn of the server's writer thread; elsewhere
 OWN_TURN = "own turn"       # on its caller's thread, writing in a turn of its own
 AS_READ = "read"            # on its caller's thread, reading a snapshot; it writes nothing
 
-Caller = namedtuple("Caller", "name asserted token line", defaults=(None, False, None, None))
+Caller = namedtuple("Caller", "name asserted token line face",
+                    defaults=(None, False, None, None, "cli"))
 Caller.__doc__ = """Who is calling: NAME, and how we know.
 
 ASSERTED: the name was asserted by whoever started this process (the CLI's --as, stdio,
 the A2A guest), the file being the trust boundary; else the caller is whoever holds TOKEN
-(None: none was sent). LINE: the request's Line, where a face can lose its connection."""
+(None: none was sent). LINE: the request's Line, where a face can lose its connection.
+FACE: what it came through (cli, rest, web, mcp, a2a), which a decision records."""
 
 # Whoever runs agora on its file naming no agent: it may only join (and rotate any token).
 OPERATOR = Caller(None, True)
@@ -2082,7 +2133,7 @@ LONG_TEXT = _string(0, 16384)
 PROJECT_NAME = _string(pattern=PROJECT, default="")
 NOTE_KEY_NAME = _string(pattern=NOTE_KEY)
 FLAG = {"type": "boolean"}      # absent is false
-TAGS = {"type": "array", "items": NAME, "maxItems": 20, "description": "list or comma string"}
+TAGS = {"type": "array", "items": NAME, "maxItems": 20}     # a comma string is taken too
 
 
 # Text for a model: ages, clipped lines, counts -------------------------------
@@ -2094,6 +2145,11 @@ def age(seconds):
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def clock(ts):
+    """Answer unix time TS as a person reads it: 2026-12-04 14:05 UTC."""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
 
 
 def clip(text, width=80):
@@ -2226,6 +2282,33 @@ def _tell(db, agent, text, now):
                (mailbox(agent), SYSTEM_SENDER, text, now))
 
 
+# What a person is told off the box: gathered per person, sent as one notice (Notifier).
+NOTICE_LINE = 120           # characters of one thing a notice tells
+
+
+def _tell_person(db, whom, kind, key, line, link, now, topic=None):
+    """Put LINE (a KIND of thing, at page fragment LINK) in WHOM's outbox, in the transaction
+    of its cause, when WHOM is a person with a destination and not on the page right now
+    (seen within ON_PAGE): told there already. KEY makes each thing told once; things of
+    one TOPIC (one sender's direct messages) gathering for the same notice are told as one,
+    the newest line kept. At most NOTICE_ITEMS gather for one notice: a flood of posts
+    costs one notice a window, and a bounded outbox."""
+    row = db.execute("SELECT seen FROM agents WHERE name = ? AND person = 1 AND notify IS NOT "
+                     "NULL", (whom,)).fetchone()
+    if row is None or now - row["seen"] < ON_PAGE:
+        return
+    line = clip(one_line(line), NOTICE_LINE)
+    if topic is not None and db.execute(
+            "UPDATE notice_items SET count = count + 1, line = ?, link = ? WHERE person = ? "
+            "AND topic = ? AND notice IS NULL", (line, link, whom, topic)).rowcount:
+        return
+    db.execute("INSERT OR IGNORE INTO notice_items (person, key, topic, kind, line, link, at) "
+               "SELECT :whom, :key, :topic, :kind, :line, :link, :now WHERE (SELECT count(*) "
+               "FROM notice_items WHERE person = :whom AND notice IS NULL) < :most",
+               {"whom": whom, "key": key, "topic": topic, "kind": kind, "line": line,
+                "link": link, "now": now, "most": NOTICE_ITEMS})
+
+
 def _digest(channel, body, reply_to):
     """Answer a digest of what makes two posts by one sender the same: the key of the
     index a retry is found by (SAME_POST compares the post itself too)."""
@@ -2302,6 +2385,7 @@ def _held(db, me, now):
 UNFINISHED = ("open", "claimed")            # a task can still move on from these
 FINISHED = ("done", "failed", "cancelled")  # and never from these
 WITH_RESULT = ("done", "failed")            # finished by its holder, with a result
+DECISIONS = {"done": "approved", "failed": "declined"}     # a task for a person, so finished
 
 
 def sql_set(values):
@@ -2352,6 +2436,9 @@ def _task(row):
     task["for"] = row["for_agent"]
     if row["state"] != row["status"]:
         task.update(owner=None, lease_until=None)
+    if row["via"]:              # a person's answer to a task for them (decide)
+        task["decision"] = {"answer": DECISIONS[row["status"]], "by": row["owner"],
+                            "at": row["updated"], "words": row["result"], "via": row["via"]}
     return task
 
 
@@ -2360,7 +2447,7 @@ def _task_line(task, now):
     if state == "claimed":
         state = f"claimed by {task['owner']} ({age(task['lease_until'] - now)} left)"
     elif state in WITH_RESULT and task["owner"]:
-        state = f"{state} by {task['owner']}"
+        state = f"{task['decision']['answer'] if 'decision' in task else state} by {task['owner']}"
     if state == "open" and task["waiting_for"]:
         state = "waits for " + ", ".join(f"#{i}" for i in task["waiting_for"])
     if task["for"] and task["status"] in UNFINISHED:
@@ -2640,6 +2727,11 @@ def _agent_exists(db, name):
         "SELECT 1 FROM agents WHERE name = ?", (name,)).fetchone() is not None
 
 
+def _is_person(db, name):
+    return bool(db.execute("SELECT 1 FROM agents WHERE name = ? AND person = 1",
+                           (name,)).fetchone())
+
+
 def _require_agent(db, name):
     """Refuse NAME unless it is an agent here (None names nobody: nothing to refuse)."""
     if name is not None and not _agent_exists(db, name):
@@ -2656,7 +2748,7 @@ def may_rotate(caller, name):
 @operation("join", "Register an agent; answers its bearer token, shown once. Joining as "
            "yourself rotates it.",
            {"name": NAME, "about": _string(0, 500, "what you do"),
-            "key": _string(0, 200, "the server's join key"), "person": FLAG},
+            "key": _string(0, 200), "person": FLAG},
            required=["name"], open=True, runs=OWN_TURN,
            retry="joining again answers 409 if the first took: the operator can rotate its token")
 def op_join(store, caller, args, now):
@@ -2728,8 +2820,8 @@ def acks_lines(acks, now):
     return lines
 
 
-@operation("brief", "Start here, and whenever you wake: unread counts, what you hold, "
-           "ready tasks, notes changed since your last brief.",
+@operation("brief", "Start here, and whenever you wake: unread, what you hold, ready tasks, "
+           "people, notes changed.",
            {"status": _string(0, 200, "what you are doing")}, retry=RETRY_SAFE)
 def op_brief(store, caller, args, now):
     """Set the caller's status if given, and summarise what waits for it."""
@@ -2737,7 +2829,7 @@ def op_brief(store, caller, args, now):
     with store.transaction(write=True) as db:
         if args["status"] is not None:
             db.execute("UPDATE agents SET status = ? WHERE name = ?", (args["status"], me))
-        agent = db.execute("SELECT status, briefed FROM agents WHERE name = ?", (me,)).fetchone()
+        agent = db.execute("SELECT * FROM agents WHERE name = ?", (me,)).fetchone()
         db.execute("UPDATE agents SET briefed = ? WHERE name = ?", (now, me))
         unread = _unread(db, me, now)
         _mark_told(db, me, now, unread.newest, ready=True)
@@ -2774,6 +2866,9 @@ def op_brief(store, caller, args, now):
     if total:
         lines.append(f"unread {count_text(total, unread.capped)}: " + ", ".join(
             f"{ch} {count_text(n)}" for ch, n in unread.channels.items()))
+    failing = notices_failing(agent)
+    if failing:
+        lines.append(failing + " (profile notify=... mends it)")
     lines += acks_lines(acks, now)
     lines += [f"holding {_task_line(task, now)}" for task in held]
     lines += [f"for you: {_task_line(task, now)}" for task in for_you]
@@ -2790,25 +2885,93 @@ def op_brief(store, caller, args, now):
         lines.append("notes changed: " + ", ".join(
             f"{_note_name(n)} v{n['version']} by {n['author']}" for n in changed))
     lines.append(f"next: {hint}")
-    return Result({"agent": me, "unread": {"total": total, "channels": unread.channels},
+    return Result({"agent": me, "person": bool(agent["person"]),
+                   "unread": {"total": total, "channels": unread.channels},
                    "held": held, "for_you": for_you, "reserved": reserved, "acks": acks,
                    "open": {"count": open_count, "blocked": blocked, "top": top},
-                   "people": people,
+                   "people": people, "notices_failing": failing,
                    "notes_changed": changed, "hint": hint}, "\n".join(lines))
 
 
-@operation("profile", "Change what you say about yourself.",
-           {"about": _string(0, 500)}, required=["about"], retry=RETRY_SAFE)
+NOTIFY_KINDS = ("ntfy", "slack", "webhook")
+NOTIFY_URL = re.compile(r"^(ntfy|slack|webhook):(https?)://([^/?#@\s]+)[^\s]*$")
+
+
+def destination(notify):
+    """Answer NOTIFY (kind:URL) as shown to others, kind and host only: the URL is a secret."""
+    if not notify:
+        return None
+    kind, _, url = notify.partition(":")
+    return f"{kind} {url.split('/')[2]}"
+
+
+def notices_failing(row):
+    """Answer the line saying a person's notices are failing (a row of agents), or None."""
+    if row["notify_failed"] is None:
+        return None
+    return (f"notices to {destination(row['notify']).partition(' ')[2]} failing since "
+            f"{clock(row['notify_failed'])}: {row['notify_error']}")
+
+
+@operation("profile", "Change what you say of yourself; a person, where to be told: "
+           "notify=ntfy:URL, slack:URL or webhook:URL.",
+           {"about": _string(0, 500), "works_for": _string(pattern=PROJECT),
+            "notify": _string(0, 1000), "notify_secret": _string(0, 200),
+            "quiet_until": {"type": "integer", "minimum": 0, "description": "unix time"}},
+           retry=RETRY_SAFE)
 def op_profile(store, caller, args, now):
-    """Replace the caller's about text."""
+    """Change the caller's own record: what it does, the person it works for ("" none),
+    and for a person where to be told ("" nowhere), the webhook's secret and when not to be
+    told till. Only the caller's own: an agent never sets another's destination."""
+    me, given = caller.name, {key: value for key, value in args.items() if value is not None}
+    notify = given.get("notify")
+    if notify and not NOTIFY_URL.match(notify):
+        raise BadRequest("notify is ntfy:URL, slack:URL or webhook:URL, the URL http(s)://HOST/...",
+                         hint="notify=ntfy:https://ntfy.sh/your-topic")
     with store.transaction(write=True) as db:
-        db.execute("UPDATE agents SET about = ? WHERE name = ?", (args["about"], caller.name))
-    return Result({"agent": caller.name}, f"{caller.name}: about updated")
+        row = db.execute("SELECT * FROM agents WHERE name = ?", (me,)).fetchone()
+        if not row["person"] and {"notify", "notify_secret", "quiet_until"} & set(given):
+            raise Forbidden("only a person is told off the box: notify, notify_secret and "
+                            "quiet_until are theirs", hint="join name=... person=true")
+        if given.get("works_for"):
+            _require_agent(db, given["works_for"])
+            if not _is_person(db, given["works_for"]):
+                raise BadRequest(f"{given['works_for']} is not a person",
+                                 hint="agents marks the people here")
+        if (notify or "").startswith("webhook:") and not (given.get("notify_secret")
+                                                          or row["notify_secret"]):
+            raise BadRequest("a webhook's notices are signed: give notify_secret too")
+        changes = {key: value if key in ("about", "quiet_until") else value or None
+                   for key, value in given.items()}
+        if "notify" in given:
+            changes.update(notify_failed=None, notify_error=None)
+            db.execute("UPDATE notices SET due = min(due, ?) WHERE person = ? AND sent IS NULL",
+                       (now, me))           # a mended destination is tried at once
+        db.execute(f"UPDATE agents SET {''.join(f'{key} = :{key}, ' for key in changes)}"
+                   "name = name WHERE name = :me", dict(changes, me=me))
+        row = db.execute("SELECT * FROM agents WHERE name = ?", (me,)).fetchone()
+    profile = {"agent": me, "about": row["about"], "person": bool(row["person"]),
+               "works_for": row["works_for"], "notify": destination(row["notify"]),
+               "quiet_until": row["quiet_until"] or None}
+    lines = [f"{me}{' (a person)' if row['person'] else ''}: {row['about'] or '(no about)'}"]
+    if row["works_for"]:
+        lines.append(f"works for {row['works_for']}")
+    if row["person"]:
+        lines.append(f"told at: {profile['notify'] or 'nowhere (profile notify=...)'}"
+                     + (f", quiet until {clock(row['quiet_until'])}"
+                        if row["quiet_until"] > now else ""))
+    if notify and NOTIFY_URL.match(notify).group(2) == "http":
+        lines.append("http: sent only by a server run with --notify-private, to a private address")
+    return Result(profile, "\n".join(lines))
 
 
 def _agent_line(agent, now, unread):
     person = " (a person)" if agent["person"] else ""
     line = f"{agent['id']}{person} seen {age(now - agent['seen'])}"
+    if agent["works_for"]:
+        line += f" · works for {agent['works_for']}"
+    if agent.get("notices_failing"):
+        line += f" · {agent['notices_failing']}"
     if agent["status"]:
         line += f" · {clip(agent['status'], 100)}"
     if "unread" in agent:
@@ -2825,8 +2988,8 @@ def _agent_line(agent, now, unread):
     return line
 
 
-@operation("agents", "Who is here: status, last seen, tasks held and paths reserved, most "
-           "recent first.", {"limit": LIMIT}, readonly=True)
+@operation("agents", "Who is here, people too: status, last seen, tasks held, paths "
+           "reserved.", {"limit": LIMIT}, readonly=True)
 def op_agents(store, caller, args, now):
     """List agents, most recently seen first, each with what it holds and reserves (up to
     AGENT_ITEMS of each); the caller's own record also counts its unread messages."""
@@ -2834,14 +2997,17 @@ def op_agents(store, caller, args, now):
     reserved_sql = f"{RESERVED_BY} LIMIT :items"
     agents, unread = [], None
     with store.transaction() as db:
-        for row in db.execute("SELECT name, about, status, person, created, seen FROM agents "
-                              "WHERE name != ? ORDER BY seen DESC, name LIMIT ?",
-                              (SYSTEM_SENDER, args["limit"])).fetchall():
+        for row in db.execute("SELECT * FROM agents WHERE name != ? ORDER BY seen DESC, name "
+                              "LIMIT ?", (SYSTEM_SENDER, args["limit"])).fetchall():
             where = {"me": row["name"], "now": now, "items": AGENT_ITEMS}
             agent = {"id": row["name"], "about": row["about"], "status": row["status"],
                      "person": bool(row["person"]), "created": row["created"], "seen": row["seen"],
                      "held": [dict(task) for task in db.execute(held_sql, where)],
-                     "reserved": [_reservation(r) for r in db.execute(reserved_sql, where)]}
+                     "reserved": [_reservation(r) for r in db.execute(reserved_sql, where)],
+                     "works_for": row["works_for"]}
+            if row["person"]:
+                agent.update(notify=destination(row["notify"]),
+                             notices_failing=notices_failing(row))
             if row["name"] == caller.name:
                 unread = _unread(db, caller.name, now)
                 agent["unread"] = unread.total
@@ -2930,7 +3096,7 @@ SAME_POST = ("sender = :sender AND digest = :digest AND ts >= :since AND channel
              "AND body = :body AND reply_to IS :reply_to AND asks_ack IS :asks_ack")
 
 
-@operation("post", "Post to a channel (default public), or direct mail with to=AGENT. "
+@operation("post", "Post to a channel (default public); with to=AGENT, direct mail. "
            f"A repeat within {DEDUP_SECONDS} s is stored once.",
            {"body": MESSAGE_BODY,
             "channel": _string(description="default public",
@@ -2980,6 +3146,9 @@ def op_post(store, caller, args, now):
         if args["ack"]:
             db.execute("INSERT INTO receipts (message_id, sender, recipient, asked) "
                        "VALUES (?, ?, ?, ?)", (message_id, me, to, now))
+        if to is not None:
+            _tell_person(db, to, "message", f"message:{message_id}", f"{me}: {args['body']}",
+                         f"#message-{message_id}", now, topic=f"messages from {me}")
     asked = f"; {to} is asked to acknowledge it" if args["ack"] else ""
     return Result({"id": message_id, "channel": channel, "dup": False},
                   f"posted #{message_id} to {channel}{asked}")
@@ -3092,8 +3261,8 @@ WAIT = _integer(0, MAX_WAIT, "seconds", default=0)
 HOLD = _integer(0, 86400, "seconds until unacked messages come back", default=0)
 
 
-@operation("read", "Deliver your new messages (mailbox, followed channels) once each, "
-           "oldest first; wait blocks for some; hold: they return until acked.",
+@operation("read", "Deliver your new messages once each, oldest first; wait blocks for "
+           "some; hold: they return until acked.",
            {"limit": LIMIT, "wait": WAIT, "hold": HOLD}, waits="wait",
            retry="read again; what the first may have delivered, history still shows")
 def op_read(store, caller, args, now):
@@ -3179,9 +3348,9 @@ def _settle(db, me, cursor, given_upto, ids, upto):
 
 
 @operation("ack", "Acknowledge what you were given (up to an id, these ids, or all): held "
-           "ones stop coming back; senders who asked hear.",
-           {"upto": ID, "ids": {"type": "array", "items": ID, "maxItems": MAX_LIMIT,
-                                "description": "list or comma string"}}, retry=RETRY_SAFE)
+           "ones stop returning; askers hear.",
+           {"upto": ID, "ids": {"type": "array", "items": ID, "maxItems": MAX_LIMIT}},
+           retry=RETRY_SAFE)
 def op_ack(store, caller, args, now):
     """Make final what the caller was given up to UPTO, or IDS, or (neither) all of it, and
     send its senders the acknowledgements they asked of the caller."""
@@ -3223,9 +3392,9 @@ def op_ack(store, caller, args, now):
                   f"acknowledged {acked} held message{'s' if acked != 1 else ''}{said}")
 
 
-@operation("history", "A channel's past messages, a page at a time; @agent is your "
-           "conversation with them. Moves no cursor.",
-           {"channel": _string(description="a channel, or @agent", pattern=CHANNEL_OR_MAILBOX),
+@operation("history", "A channel's past messages, a page at a time; @agent: your talk "
+           "with them. Moves no cursor.",
+           {"channel": _string(pattern=CHANNEL_OR_MAILBOX),
             "before": {"type": "integer", "minimum": 0, "default": 0,
                        "description": "ids below this; 0 = newest"},
             "limit": LIMIT},
@@ -3404,8 +3573,8 @@ def op_search(store, caller, args, now):
 
 # News ------------------------------------------------------------------------
 
-@operation("news", "Unread messages not told to you yet (read still takes them), with "
-           "tasks=true tasks now ready. Marks them told unless peek.",
+@operation("news", "Messages not told to you yet (read still takes them); tasks=true: "
+           "ready tasks too. Marks them told unless peek.",
            {"wait": WAIT, "tasks": FLAG, "peek": FLAG}, waits="wait",
            retry="ask again; what the first may have marked told, read still takes")
 def op_news(store, caller, args, now):
@@ -3502,8 +3671,14 @@ PRIORITY_BOUNDS = (-1000, 1000)
 PRIORITY = _integer(*PRIORITY_BOUNDS, "higher is taken first", default=0)
 
 
-@operation("post_task", "Put a task on the board for anyone to claim, or for one agent or "
-           "person; with after, it waits until those are done.",
+def _asks(db, poster, whom, task_id, title, now):
+    """Tell WHOM off the box, if a person, that POSTER asks task TASK_ID (TITLE) of them."""
+    _tell_person(db, whom, "decision", f"task:{task_id}", f"{poster} asks you (task #{task_id}): "
+                 f"{title}", f"#task-{task_id}", now)
+
+
+@operation("post_task", "Post a task; after: it waits for those; for: only they take it (a "
+           "person's: a decision you need; news wait=60 tasks=true brings it).",
            {"title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS, "priority": PRIORITY,
             "after": AFTER, "for": NAME},
            required=["title"],
@@ -3523,6 +3698,8 @@ def op_post_task(store, caller, args, now):
                        [(tag, task_id) for tag in tags])     # new: no DELETE (a scan)
         _set_list(db, "task_deps", "after_id", task_id, after)
         became_ready(db, [task_id], now)
+        if args["for"] is not None:
+            _asks(db, caller.name, args["for"], task_id, args["title"], now)
     waits = f"; it waits for {', '.join(f'#{i}' for i in after)}" if after else ""
     waits += f"; only {args['for']} may claim it" if args["for"] else ""
     return Result({"id": task_id}, f"posted task #{task_id} \"{clip(args['title'])}\"{waits}")
@@ -3560,6 +3737,8 @@ def op_update_task(store, caller, args, now):
         if args["for"] is not None:
             _require_agent(db, args["for"])
             changes["for_agent"] = args["for"]
+            _asks(db, caller.name, args["for"], task["id"], changes.get("title", task["title"]),
+                  now)
         if args["tags"] is not None:
             tags = sorted(set(args["tags"]))
             changes["tags"] = ",".join(tags)
@@ -3586,8 +3765,8 @@ def _listed(db, which, me, now, limit, tag=None):
         {"now": now, "me": me, "tag": tag, "limit": limit})]
 
 
-@operation("tasks", "List tasks: open (ready, best first), blocked, mine (held), posted "
-           "(yours, unfinished), done, unfinished (the plan, oldest first) or all.",
+@operation("tasks", "List tasks: open (ready, best first), blocked, mine, posted, done, "
+           "unfinished (the plan) or all.",
            {"which": {"type": "string", "enum": list(TASK_LISTS), "default": "open"},
             "tag": NAME, "limit": LIMIT},
            readonly=True)
@@ -3623,11 +3802,45 @@ def op_task(store, caller, args, now):
                         else ""))
     if task["result"] and task["status"] in WITH_RESULT:
         lines.append(f"result: {task['result']}")
+    if "decision" in task:
+        decision = task["decision"]
+        lines.append(f"{decision['answer']} by {decision['by']} through {decision['via']}, "
+                     f"{clock(decision['at'])}")
     return Result({"task": task}, "\n".join(lines))
 
 
 def _quote(task):
     return f"#{task['id']} \"{clip(task['title'], 60)}\""
+
+
+def _claimable(db, task, me, now):
+    """Refuse ME the TASK unless it is open, ready and anyone's or ME's to take."""
+    if task["for"] not in (None, me):
+        raise Forbidden(f"task #{task['id']} is for {task['for']}: only they may claim it",
+                        hint="claim another task")
+    if task["status"] == "claimed":
+        left = age(task["lease_until"] - now)
+        if task["owner"] == me:
+            raise Conflict(f"you already hold task #{task['id']} ({left} left)",
+                           hint=f"extend id={task['id']} renews the lease")
+        raise Conflict(f"task #{task['id']} is held by {task['owner']} for {left} more",
+                       hint="claim another task", owner=task["owner"],
+                       lease_until=task["lease_until"])
+    if task["status"] != "open":
+        raise Conflict(f"task #{task['id']} is {task['status']}")
+    if task["waiting_for"]:
+        blockers = ", ".join(f"#{blocker['id']} ({blocker['status']})"
+                             for blocker in _blockers(db, task["waiting_for"], now))
+        raise Conflict(f"task #{task['id']} waits for {blockers}",
+                       hint="claim a ready task (tasks lists them)",
+                       waiting_for=task["waiting_for"])
+
+
+def _take(db, task, me, lease_until, now):
+    """Make the open TASK ME's until LEASE_UNTIL."""
+    db.execute("UPDATE tasks SET status = 'claimed', owner = ?, lease_until = ?, updated = ?, "
+               "reopened = NULL, ready_seq = NULL WHERE id = ?", (me, lease_until, now, task["id"]))
+    task.update(status="claimed", owner=me, lease_until=lease_until, updated=now)
 
 
 @operation("claim", "Take a task under a lease: the given id, or the best ready one "
@@ -3642,36 +3855,14 @@ def op_claim(store, caller, args, now):
     with store.transaction(write=True) as db:
         if args["id"] is not None:
             task = _task(_find_task(db, args["id"], now))
-            if task["for"] not in (None, me):
-                raise Forbidden(f"task #{task['id']} is for {task['for']}: only they may "
-                                "claim it", hint="claim another task")
-            if task["status"] == "claimed":
-                left = age(task["lease_until"] - now)
-                if task["owner"] == me:
-                    raise Conflict(f"you already hold task #{task['id']} ({left} left)",
-                                   hint=f"extend id={task['id']} renews the lease")
-                raise Conflict(f"task #{task['id']} is held by {task['owner']} for "
-                               f"{left} more", hint="claim another task",
-                               owner=task["owner"], lease_until=task["lease_until"])
-            if task["status"] != "open":
-                raise Conflict(f"task #{task['id']} is {task['status']}")
-            if task["waiting_for"]:
-                blockers = ", ".join(f"#{blocker['id']} ({blocker['status']})"
-                                     for blocker in _blockers(db, task["waiting_for"], now))
-                raise Conflict(f"task #{task['id']} waits for {blockers}",
-                               hint="claim a ready task (tasks lists them)",
-                               waiting_for=task["waiting_for"])
+            _claimable(db, task, me, now)
         else:
             ready = _listed(db, "open", me, now, 1, args["tag"])
             if not ready:
                 tagged = f" tagged {args['tag']}" if args["tag"] is not None else ""
                 raise NotFound(f"no open task{tagged} is ready to claim", hint="post_task adds one")
             task = ready[0]
-        lease_until = now + args["lease"]
-        db.execute("UPDATE tasks SET status = 'claimed', owner = ?, lease_until = ?, "
-                   "updated = ?, reopened = NULL, ready_seq = NULL WHERE id = ?",
-                   (me, lease_until, now, task["id"]))
-        task.update(status="claimed", owner=me, lease_until=lease_until, updated=now)
+        _take(db, task, me, now + args["lease"], now)
         if task["poster"] != me:
             _tell(db, task["poster"], f"{me} claimed your task {_quote(task)}", now)
     return Result({"task": task}, f"{_task_line(task, now)}\nnext: done id={task['id']} result=... "
@@ -3680,11 +3871,16 @@ def op_claim(store, caller, args, now):
 
 def _dependents_hear(db, task, me, now):
     """Tell the posters of the tasks waiting for TASK what its end means for them: ready
-    when it was their last blocker and is done, still waiting when it failed or ended."""
+    when it was their last blocker and is done, still waiting (stuck, a person is told off
+    the box) when it failed, was declined or ended."""
     rows = db.execute(f"{TASK_ROWS} WHERE id IN (SELECT task_id FROM task_deps WHERE "
                       f"after_id = :id) AND {OPEN_TASK}", {"id": task["id"], "now": now})
     dependents = [_task(row) for row in rows]
     became_ready(db, [dependent["id"] for dependent in dependents], now)
+    ended = ({"failed": "failed", "cancelled": "was cancelled"}[task["status"]]
+             if task["status"] != "done" else None)
+    if "decision" in task:
+        ended = f"{task['owner']} declined"
     for dependent in dependents:
         if dependent["poster"] == me or (task["status"] == "done" and dependent["waiting_for"]):
             continue
@@ -3692,10 +3888,11 @@ def _dependents_hear(db, task, me, now):
             done = ", ".join(f"#{i}" for i in dependent["after"])
             text = (f"{_quote(dependent)} is ready: {done} "
                     f"{'is' if len(dependent['after']) == 1 else 'are'} done")
-        else:                                   # failed or cancelled: still waiting
-            text = (f"{_quote(dependent)} waits for #{task['id']}, which "
-                    f"{'failed' if task['status'] == 'failed' else 'was cancelled'}: "
+        else:
+            text = (f"{_quote(dependent)} waits for #{task['id']}, which {ended}: "
                     f"update_task id={dependent['id']} after=... or cancel id={dependent['id']}")
+            _tell_person(db, dependent["poster"], "stuck", f"stuck:{dependent['id']}:{task['id']}",
+                         f"plan stuck: {text.partition(':')[0]}", f"#task-{dependent['id']}", now)
         _tell(db, dependent["poster"], text, now)
 
 
@@ -3722,21 +3919,36 @@ def op_extend(store, caller, args, now):
     return Result({"task": task}, f"extended {_task_line(task, now)}")
 
 
-@operation("done", "Finish a task you hold, with its result; failed=true marks it failed.",
-           {"id": ID, "result": LONG_TEXT, "failed": FLAG},
+@operation("done", "Finish a task you hold, or answer one for you: approve, or decline "
+           "with failed=true (result: why).", {"id": ID, "result": LONG_TEXT, "failed": FLAG},
            required=["id"],
            retry="finish it again: if the first took, the answer says it is done")
 def op_done(store, caller, args, now):
-    """Mark a held task done or failed and tell its poster."""
+    """Mark a held task done or failed, and tell its poster. A task for the caller needs no
+    claim first; for a person, finishing it is their decision, recorded with the face it
+    came through, and declining one needs a reason."""
     me = caller.name
     state = "failed" if args["failed"] else "done"
     with store.transaction(write=True) as db:
-        task = _change_held(db, args["id"], me, now, "status = ?, result = ?, lease_until = NULL",
-                            state, args["result"] or "")
+        task = _task(_find_task(db, args["id"], now))
+        decides = task["for"] == me and _is_person(db, me)
+        if decides and args["failed"] and not (args["result"] or "").strip():
+            raise BadRequest(f"declining task #{task['id']} needs its reason",
+                             hint=f"done id={task['id']} failed=true, result=why")
+        if task["for"] is not None and task["status"] == "open":    # theirs alone: taken
+            _claimable(db, task, me, now)
+            _take(db, task, me, now, now)
+        task = _change_held(db, args["id"], me, now, "status = ?, result = ?, lease_until = NULL, "
+                            "via = ?", state, args["result"] or "",
+                            caller.face if decides else None)
         if task["poster"] != me:
-            result = f": {clip(task['result'], 200)}" if task["result"] else ""
-            _tell(db, task["poster"], f"{me} finished your task {_quote(task)} as "
-                                      f"{state}{result}", now)
+            ended = task["decision"]["answer"] if decides else state
+            said = (f"{me} {ended} your task {_quote(task)}" if decides
+                    else f"{me} finished your task {_quote(task)} as {state}")
+            said += f": {clip(task['result'], 200)}" if task["result"] else ""
+            _tell(db, task["poster"], said, now)
+            _tell_person(db, task["poster"], ended, f"end:{task['id']}", said,
+                         f"#task-{task['id']}", now)
         _dependents_hear(db, task, me, now)
     return Result({"task": task}, _task_line(task, now))
 
@@ -4160,11 +4372,13 @@ def admit(store, op, caller, now):
                            hint="call join name=... and send 'Authorization: Bearer <token>'")
 
 
-def bearer_caller(store, authorization, line=None):
-    """Answer the remote Caller of an 'Authorization: Bearer <token>' header, answered over LINE."""
+def bearer_caller(store, authorization, line=None, face="rest"):
+    """Answer the remote Caller of an 'Authorization: Bearer <token>' header, answered over LINE,
+    come through FACE."""
     scheme, _, token = (authorization or "").partition(" ")
     token = token.strip() if scheme.lower() == "bearer" else ""
-    return Caller(store.agent_for_token(token) if token else None, False, token or None, line)
+    return Caller(store.agent_for_token(token) if token else None, False, token or None, line,
+                  face)
 
 
 def call(store, name, args=None, caller=OPERATOR, now=None, hidden=False):
@@ -4851,6 +5065,238 @@ class A2AEndpoint(RpcEndpoint):
 
 
 ###############################################################################
+# Notices: telling people off the box ########################################
+###############################################################################
+
+WATCH_EVERY = 10            # seconds between two looks for overdue acks and silent agents
+KEPT_SENT = 2 * GIVE_UP     # seconds a sent notice (and what it told) is kept: told once
+
+
+def overdue_acks(db, now, after):
+    """Tell people of acknowledgements overdue past AFTER seconds: asked by them, or by an
+    agent that works for them (asked within the day before: older ones were told)."""
+    for row in db.execute(
+            "SELECT r.message_id, r.sender, r.recipient, r.asked, CASE WHEN s.person THEN "
+            "s.name ELSE s.works_for END AS whom FROM receipts r JOIN agents s ON s.name = "
+            "r.sender WHERE r.acked IS NULL AND r.asked <= :due AND r.asked > :due - :day",
+            {"due": now - after, "day": GIVE_UP}).fetchall():
+        if row["whom"] is not None:
+            whose = "your" if row["whom"] == row["sender"] else f"{row['sender']}'s"
+            _tell_person(db, row["whom"], "ack", f"ack:{row['message_id']}",
+                         f"{row['recipient']} has not acknowledged {whose} message "
+                         f"#{row['message_id']} ({age(now - row['asked'])})",
+                         f"#agent-{row['recipient']}", now)
+
+
+def silent_agents(db, now, after):
+    """Tell people of agents working for them gone silent holding work: a lease of theirs
+    ran out and nobody took the task, or unseen past AFTER seconds holding tasks or
+    reservations (seen within the day before: those unseen longer were told)."""
+    for row in db.execute(
+            "SELECT a.name, a.seen, a.works_for FROM agents a WHERE a.works_for IS NOT NULL "
+            "AND a.seen > :now - :after - :day AND (EXISTS (SELECT 1 FROM tasks WHERE owner = "
+            f"a.name AND status = 'claimed' AND {ran_out('lease_until')}) OR a.seen <= :now - "
+            ":after AND (EXISTS (SELECT 1 FROM tasks WHERE owner = a.name AND status = "
+            f"'claimed') OR EXISTS (SELECT 1 FROM reservations WHERE agent = a.name AND "
+            f"{LIVE_RESERVATION})))", {"now": now, "after": after, "day": GIVE_UP}).fetchall():
+        _tell_person(db, row["works_for"], "silent", f"silent:{row['name']}:{row['seen']}",
+                     f"{row['name']}, who works for you, is silent holding work (seen "
+                     f"{age(now - row['seen'])} ago)", f"#agent-{row['name']}", now)
+
+
+def notice_payload(items):
+    """Answer one notice of ITEMS (rows of notice_items, oldest first): a title, a line each
+    (one sender's messages as one), the link to the first, and the items themselves."""
+    lines = [item["line"] + (f" (+{item['count'] - 1} more)" if item["count"] > 1 else "")
+             for item in items]
+    things = sum(item["count"] for item in items)
+    return {"title": f"{things} thing{'s need' if things != 1 else ' needs'} you in agora",
+            "lines": lines, "link": items[0]["link"],
+            "items": [{"kind": item["kind"], "id": item["link"].rpartition("-")[2],
+                       "line": line} for item, line in zip(items, lines)]}
+
+
+def _reachable(url, private):
+    """Answer why URL may not be sent to (None: it may): https anywhere; http only with
+    PRIVATE (--notify-private), to an address that is loopback or private."""
+    import ipaddress
+    import socket
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return None
+    if not private:
+        return "http is refused: the server runs without --notify-private"
+    try:
+        found = socket.getaddrinfo(parts.hostname, parts.port or 80, proto=socket.IPPROTO_TCP)
+    except OSError as error:
+        return f"cannot find {parts.hostname}: {error.strerror or error}"
+    for info in found:
+        address = ipaddress.ip_address(info[4][0].partition("%")[0])
+        if not (address.is_private or address.is_loopback):
+            return f"http to {address} is refused: only to a loopback or private address"
+    return None
+
+
+def notice_request(notice, person, base):
+    """Answer the urllib Request that delivers NOTICE (a row of notices) to PERSON's
+    destination (a row of agents), its link on the page at BASE: ntfy's publish API,
+    Slack's incoming webhook, or agora's JSON webhook signed with HMAC-SHA256."""
+    import hashlib
+    import hmac
+    import urllib.request
+    kind, _, url = person["notify"].partition(":")
+    payload = json.loads(notice["payload"])
+    link = base.rstrip("/") + "/" + payload["link"]
+    headers = {"X-Agora-Notice": str(notice["id"]), "User-Agent": f"agora/{__version__}"}
+    if kind == "ntfy":
+        decides = any(item["kind"] == "decision" for item in payload["items"])
+        headers.update({"Title": payload["title"], "Click": link, "Tags": "agora",
+                        "Priority": "high" if decides else "default",
+                        "Content-Type": "text/plain; charset=utf-8"})
+        body = "\n".join(payload["lines"]).encode()
+    elif kind == "slack":           # <, > and & are Slack's markup: peer text stays text
+        escaped = [line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+                   for line in [payload["title"]] + payload["lines"]]
+        body = json_bytes({"text": "\n".join(escaped + [f"<{link}|Open agora>"])})
+        headers["Content-Type"] = "application/json"
+    else:
+        body = json_bytes({"id": notice["id"], "person": notice["person"],
+                           "text": "\n".join([payload["title"]] + payload["lines"]),
+                           "link": link, "items": payload["items"], "ts": notice["created"]})
+        signature = hmac.new((person["notify_secret"] or "").encode(), body, hashlib.sha256)
+        headers.update({"Content-Type": "application/json",
+                        "X-Agora-Signature": "sha256=" + signature.hexdigest()})
+    return urllib.request.Request(url, data=body, headers=headers, method="POST")
+
+
+class Notifier:
+    """The sender: one thread that tells people off the box, never the writer.
+
+    Invariants: what a person is to be told is written in the transaction of its cause
+    (_tell_person) or of the look that found it (overdue_acks, silent_agents), so no crash
+    loses it; a person's things become one notice once EVERY seconds have passed since the
+    first, and none while they asked for quiet; a person's notices go in order, the next
+    only once the one before arrived or was given up. Before each attempt the notice's
+    next try is moved past the attempt's end, in a commit of its own, so a crash mid-send
+    means one more attempt with the same id (X-Agora-Notice), never none, and a second
+    server on the file never sends it at the same time. Nothing is sent in a transaction:
+    an attempt (NOTICE_TIMEOUT at most) runs between two short ones. A failed attempt is
+    tried again after RETRY_FIRST seconds, doubling up to RETRY_MOST, until GIVE_UP seconds
+    after the notice was made; the person's failing destination is recorded, for agents
+    and brief to show, until an attempt succeeds."""
+
+    def __init__(self, store, base, every=NOTIFY_EVERY, escalate_after=ESCALATE_AFTER,
+                 silent_after=SILENT_AFTER, private=False):
+        import http.client          # what a failed attempt raises
+        import urllib.request
+        self.store, self.base, self.every, self.private = store, base, every, private
+        self.escalate_after, self.silent_after = escalate_after, silent_after
+        self.opener = urllib.request.OpenerDirector()       # no redirect handler: none followed
+        for handler in (urllib.request.HTTPHandler, urllib.request.HTTPSHandler,
+                        urllib.request.HTTPDefaultErrorHandler, urllib.request.HTTPErrorProcessor):
+            self.opener.add_handler(handler())
+        self.failures = (OSError, ValueError, http.client.HTTPException)
+        self.watched = float("-inf")
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="agora-notifier", daemon=True)
+
+    def close(self):
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(NOTICE_TIMEOUT + 1)
+
+    def _run(self):
+        while not self.stop.is_set():
+            try:
+                busy = self.step(int(time.time()))
+            except AgoraError as error:         # the file's fault: said, and tried again
+                sys.stderr.write(f"agora: notices wait: {error.text}\n")
+                busy = False
+            except Exception:
+                report_bug("the notifier")
+                busy = False
+            self.stop.wait(0 if busy else 1)
+
+    def step(self, now):
+        """Do what is due at NOW: look for what is overdue, make notices, send the next one;
+        answer whether one was sent (the next may be due at once)."""
+        if now - self.watched >= WATCH_EVERY:
+            self.watched = now
+            self.watch(now)
+        self.gather(now)
+        notice = self.next_due(now)
+        if notice is not None:
+            self.send(notice, now)
+        return notice is not None
+
+    def watch(self, now):
+        """Find overdue acknowledgements and silent agents; forget what was sent days ago."""
+        with self.store.transaction(write=True) as db:
+            overdue_acks(db, now, self.escalate_after)
+            silent_agents(db, now, self.silent_after)
+            db.execute("DELETE FROM notice_items WHERE notice IN (SELECT id FROM notices "
+                       "WHERE sent < ?)", (now - KEPT_SENT,))
+            db.execute("DELETE FROM notices WHERE sent < ?", (now - KEPT_SENT,))
+
+    def gather(self, now):
+        """Make one notice of each person's things whose window has closed."""
+        due = {"now": now, "since": now - self.every}
+        closed = ("SELECT i.person FROM notice_items i JOIN agents a ON a.name = i.person "
+                  "WHERE i.notice IS NULL AND a.quiet_until <= :now GROUP BY i.person "
+                  "HAVING min(i.at) <= :since")
+        if self.store.query_one(closed, due) is None:
+            return
+        with self.store.transaction(write=True) as db:
+            for (person,) in db.execute(closed, due).fetchall():
+                items = db.execute("SELECT * FROM notice_items WHERE person = ? AND notice IS "
+                                   "NULL ORDER BY id", (person,)).fetchall()
+                notice_id = db.execute(
+                    "INSERT INTO notices (person, payload, created, due) VALUES (?, ?, ?, ?)",
+                    (person, json_bytes(notice_payload(items)).decode(), now, now)).lastrowid
+                db.execute("UPDATE notice_items SET notice = ? WHERE person = ? AND notice IS "
+                           "NULL", (notice_id, person))
+
+    def next_due(self, now):
+        """Answer the next notice to try, taken for one attempt (None: none is due)."""
+        due = ("SELECT n.* FROM notices n JOIN agents a ON a.name = n.person WHERE n.sent IS "
+               "NULL AND n.due <= :now AND a.quiet_until <= :now AND n.id = (SELECT min(id) "
+               "FROM notices WHERE person = n.person AND sent IS NULL) ORDER BY n.due, n.id "
+               "LIMIT 1")
+        if self.store.query_one(due, {"now": now}) is None:
+            return None
+        with self.store.transaction(write=True) as db:
+            notice = db.execute(due, {"now": now}).fetchone()
+            if notice is not None:
+                db.execute("UPDATE notices SET due = ?, attempts = attempts + 1 WHERE id = ?",
+                           (now + 2 * NOTICE_TIMEOUT, notice["id"]))
+        return notice
+
+    def send(self, notice, now):
+        """Try to deliver NOTICE once, and record how it went."""
+        person = self.store.query_one("SELECT * FROM agents WHERE name = ?", (notice["person"],))
+        error = ("no destination" if not person["notify"]
+                 else _reachable(person["notify"].partition(":")[2], self.private))
+        if error is None:
+            try:
+                with self.opener.open(notice_request(notice, person, self.base),
+                                      timeout=NOTICE_TIMEOUT) as answer:
+                    answer.read(65536)
+            except self.failures as failure:
+                error = (str(failure.code) if hasattr(failure, "code") and failure.code
+                         else clip(str(getattr(failure, "reason", None) or failure), 100))
+        wait = min(RETRY_FIRST * 2 ** notice["attempts"], RETRY_MOST)
+        final = error is None or not person["notify"] or now + wait - notice["created"] > GIVE_UP
+        with self.store.transaction(write=True) as db:
+            db.execute("UPDATE notices SET due = ?, error = ?, sent = ? WHERE id = ?",
+                       (now + wait, error, now if final else None, notice["id"]))
+            db.execute("UPDATE agents SET notify_failed = CASE WHEN :error IS NULL THEN NULL "
+                       "ELSE coalesce(notify_failed, :now) END, notify_error = :error "
+                       "WHERE name = :person AND notify IS NOT NULL", {"error": error, "now": now,
+                                                 "person": notice["person"]})
+
+
+###############################################################################
 # HTTP: REST, MCP, A2A and the page ##########################################
 ###############################################################################
 
@@ -5294,7 +5740,8 @@ class RequestHandler:
             caller = bearer_caller(self.server.store, self.headers.get("Authorization"),
                                    Line(self.client_listening, parks=True, not_waited=(
                                        None if len(body) <= PARKED_BODY_MOST else
-                                       f"its request was over {PARKED_BODY_MOST} bytes")))
+                                       f"its request was over {PARKED_BODY_MOST} bytes")),
+                                   "web" if self.headers.get("Origin") else route.log)
             request = HttpRequest(self.command, url.path, url.query, self.headers, body,
                                   caller, route)
         except HTTPFailure as failure:
@@ -5477,6 +5924,10 @@ class Server:
     a2a_guest = None            # the agent A2A requests without a token act as
     a2a_block = A2A_DEFAULT_BLOCK   # longest hold of a blocking SendMessage, seconds
     allowed_hosts = None        # Host values answered (None: any)
+    notify_every = NOTIFY_EVERY         # what people are told off the box (Notifier), and
+    escalate_after = ESCALATE_AFTER     # when
+    silent_after = SILENT_AFTER
+    notify_private = False      # notices may go over http to loopback and private addresses
     stopping = False            # set once it closes: what still comes is told 503
 
     def __init__(self, address, handler, store, **settings):
@@ -5492,7 +5943,7 @@ class Server:
         self.queued = []            # (handler, since when): requests waiting for a slot
         self.admitted = time.monotonic()    # when a request last took a slot
         self.watchdog_stop = threading.Event()
-        self.parker = self.log = None
+        self.parker = self.log = self.notifier = None
         self.workers = threading.Condition()    # threads between connections, and what
         self.idle_workers, self.handed = 0, collections.deque()     # is handed to them
         super().__init__(address, handler)
@@ -5670,6 +6121,8 @@ class Server:
         still comes on an open connection is answered 503 and the connection closed."""
         self.stopping = True
         self.watchdog_stop.set()
+        if self.notifier is not None:
+            self.notifier.close()
         super().server_close()
         if self.parker is not None:
             self.parker.close()
@@ -5733,6 +6186,11 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
     server.log = RequestLog(sys.stderr)
     server.parker = Parker(server, server.waiter_capacity())
     threading.Thread(target=server._reap, name="agora-watchdog", daemon=True).start()
+    served = f"http://[{host.strip('[]')}]" if ":" in host else f"http://{host}"
+    server.notifier = Notifier(store, server.public_url or f"{served}:{server.server_address[1]}",
+                               server.notify_every, server.escalate_after, server.silent_after,
+                               server.notify_private)
+    server.notifier.thread.start()
     return server
 
 
@@ -6749,7 +7207,7 @@ def _stdio_command(options):
             ensure_local_agent(link.store, link.name, int(time.time()))
 
             def answer(data, line):
-                return McpEndpoint(link.store, Caller(link.name, True, line=line),
+                return McpEndpoint(link.store, Caller(link.name, True, line=line, face="mcp"),
                                    channel=options.channel).answer(data).message
         return serve_stdio(answer, sys.stdin.buffer, protocol_out.buffer, notifier)
     finally:
@@ -7031,7 +7489,11 @@ def _serve_command(options):
             return serve(store, host, port, allow_hosts=options.allow_host,
                          quiet=options.quiet, public_url=options.public_url,
                          a2a_guest=options.a2a_guest, a2a_block=max(0, options.a2a_block),
-                         max_waiters=max(0, options.max_waiters))
+                         max_waiters=max(0, options.max_waiters),
+                         notify_every=max(1, options.notify_every),
+                         escalate_after=max(1, options.escalate_after),
+                         silent_after=max(1, options.silent_after),
+                         notify_private=options.notify_private)
         except OSError as error:
             raise AgoraError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
 
@@ -7135,7 +7597,7 @@ def _build_parser(command=None, argv=()):
             help="also answer to this Host (repeatable)")
         add("--quiet", action="store_true", help="log no requests")
         add("--public-url", metavar="URL", help="the base URL clients reach, for the A2A agent "
-            "card (default: the request's Host)")
+            "card and the links in notices (default: the request's Host; notices, --addr)")
         add("--a2a-guest", metavar="NAME",
             help="let A2A requests without a token act as agent NAME")
         add("--a2a-block", type=int, default=A2A_DEFAULT_BLOCK, metavar="SECONDS",
@@ -7143,6 +7605,15 @@ def _build_parser(command=None, argv=()):
         add("--max-waiters", type=int, default=Server.max_waiters, metavar="N",
             help="waiting requests held at once; past it the longest waiting is answered "
                  f"'nothing new' (default {Server.max_waiters:,}, fewer if open files are short)")
+        add("--notify-every", type=int, default=NOTIFY_EVERY, metavar="SECONDS",
+            help=f"one notice per person gathers this long (default {NOTIFY_EVERY})")
+        add("--escalate-after", type=int, default=ESCALATE_AFTER, metavar="SECONDS",
+            help=f"tell a person of an unacknowledged message this late (default {ESCALATE_AFTER})")
+        add("--silent-after", type=int, default=SILENT_AFTER, metavar="SECONDS",
+            help="tell a person of their agent unseen this long holding work "
+                 f"(default {SILENT_AFTER})")
+        add("--notify-private", action="store_true",
+            help="let notices go over http to loopback and private addresses (a LAN ntfy)")
     if "stdio" in built:
         add = built["stdio"].add_argument
         add("--channel", action="store_true",
@@ -7248,7 +7719,18 @@ code { background: #eceff3; padding: 0 .3em; border-radius: 4px; }
 [hidden] { display: none !important; }
 .card { background: var(--card); border: 1px solid var(--line); border-radius: 10px; }
 #signin { max-width: 34em; margin: 12vh auto; padding: 1.6em; }
-#signin form { display: flex; gap: .5em; }
+#signin form { display: flex; flex-wrap: wrap; gap: .5em; }
+#signin input[type="password"] { flex: 1; width: auto; }
+label.keep { flex-basis: 100%; color: var(--muted); }
+input[type="checkbox"] { width: auto; }
+#needs { margin: 0 1em .8em; padding: .6em .9em; border: 2px solid var(--accent); }
+#needs h2 { margin: 0 0 .3em; font-size: 1.05em; }
+#needs ul { list-style: none; margin: 0; padding: 0; }
+.need { padding: .5em 0; border-top: 1px solid var(--line); overflow-wrap: anywhere; }
+.need .title { font-weight: 600; }
+form.answer { display: grid; gap: .4em; margin-top: .4em; }
+button.danger { background: var(--bad); color: #fff; border-color: var(--bad); }
+.actions button { min-height: 2.6em; min-width: 6em; }
 .error { color: var(--bad); min-height: 1.4em; overflow-wrap: anywhere; }
 header { display: flex; align-items: center; gap: .8em; padding: .6em 1em;
          background: var(--card); border-bottom: 1px solid var(--line); }
@@ -7335,16 +7817,18 @@ button.link { border: none; background: none; padding: 0; color: var(--accent); 
 WEB_SCRIPT = r"""
 "use strict";
 const $ = (selector) => document.querySelector(selector);
-let token = sessionStorage.getItem("agora-token") || "";
+let token = localStorage.getItem("agora-token") || sessionStorage.getItem("agora-token") || "";
 let me = "", tab = "channels", channel = "public", peer = null, note = null, replyTo = null;
 let picked = null;      // the task whose card the plan shows
 let taskLoads = 0;      // so that only the newest of overlapping loads draws
 const finishedTasks = new Map();    // blockers that will never change again
 let poll = null;
+let person = false;     // the signed-in one is a person: tasks for them are decisions
 const fresh = {};
 
 const SVG = "http://www.w3.org/2000/svg";
 const IDLE = 600;       // seconds unseen after which an agent looks idle
+const SILENT = 1800;    // seconds unseen, holding work, after which an agent is silent
 
 function build(node, props, children) {
   for (const [key, value] of Object.entries(props || {})) {
@@ -7404,18 +7888,29 @@ async function signIn(candidate) {
       (error.unauthorized ? "That token was not accepted: " : "") + error.message;
     return;
   }
-  sessionStorage.setItem("agora-token", token);
+  const keep = $("#keep").checked || localStorage.getItem("agora-token") === token;
+  (keep ? localStorage : sessionStorage).setItem("agora-token", token);
   $("#who").textContent = "signed in as " + me;
   $("#signin").hidden = true;
   $("#app").hidden = false;
   $("#live").className = "on";
-  show(tab);
+  follow(location.hash) || show(tab);
+  loadNeeds();
   live();
+}
+
+// A notice's link opens its item: #task-N, #message-N (direct mail) or #agent-NAME.
+function follow(hash) {
+  const [, kind, id] = /^#(task|message|agent)-(.+)$/.exec(hash) || [];
+  if (kind === "task") picked = Number(id);
+  if (kind) show({task: "tasks", message: "direct", agent: "team"}[kind]);
+  return Boolean(kind);
 }
 
 function signOut(reason) {
   token = ""; me = "";
   sessionStorage.removeItem("agora-token");
+  localStorage.removeItem("agora-token");
   if (poll) poll.abort();
   $("#app").hidden = true;
   $("#signin").hidden = false;
@@ -7433,7 +7928,7 @@ async function live() {
         const where = message.channel === "@" + me ? "@" + message.sender : message.channel;
         fresh[where] = (fresh[where] || 0) + 1;
       }
-      if (got.messages.length) refresh();
+      if (got.messages.length) { refresh(); loadNeeds().catch(() => {}); }
     } catch (error) {
       if (!token) return;
       $("#live").className = "";
@@ -7545,7 +8040,11 @@ function taskCard(task) {
     try { await api(op, args); say(label + " #" + task.id); loadTasks(); }
     catch (error) { say(error.message); }
   }}, label));
-  if (planState(task) === "ready" && (!task.for || task.for === me)) act("Claim", "claim");
+  if (task.decision)
+    card.append(el("div", {className: "meta"}, task.decision.answer + " by " + task.decision.by +
+                   " through " + task.decision.via));
+  if (planState(task) === "ready" && task.for === me && person) card.append(answers(task));
+  else if (planState(task) === "ready" && (!task.for || task.for === me)) act("Claim", "claim");
   if (task.status === "claimed" && task.owner === me) {
     act("Done", "done", true);
     act("Release", "release");
@@ -7554,6 +8053,67 @@ function taskCard(task) {
     act("Cancel", "cancel");
   if (actions.childElementCount) card.append(actions);
   return card;
+}
+
+// A decision answered in two taps: Approve (words optional) or Decline (why required), sent.
+function answers(task) {
+  const choice = el("div", {className: "actions"});
+  const open = (approve) => {
+    const words = el("textarea", {rows: "2", "aria-label": approve ? "words" : "why",
+                                  placeholder: approve ? "Words (optional)" : "Why (required)"});
+    const form = el("form", {className: "answer", onsubmit: async (event) => {
+      event.preventDefault();
+      if (!approve && !words.value.trim()) { say("Say why you decline."); words.focus(); return; }
+      try {
+        await api("done", approve ? {id: task.id, result: words.value}
+                                  : {id: task.id, result: words.value, failed: true});
+        say((approve ? "approved #" : "declined #") + task.id);
+        loadNeeds(); refresh();
+      } catch (error) { say(error.message); }
+    }}, words, el("div", {className: "actions"},
+      el("button", {className: approve ? "primary" : "danger"},
+         (approve ? "Approve #" : "Decline #") + task.id),
+      el("button", {type: "button", onclick: () => form.replaceWith(choice)}, "Back")));
+    choice.replaceWith(form);
+    if (!approve) words.focus();
+  };
+  choice.append(el("button", {type: "button", className: "primary", onclick: () => open(true)},
+                   "Approve"),
+                el("button", {type: "button", onclick: () => open(false)}, "Decline"));
+  return choice;
+}
+
+// What waits for the signed-in one, above every tab: decisions and tasks for them, direct
+// mail come since, acknowledgements, silent agents of theirs, notices that fail.
+async function loadNeeds() {
+  const [brief, {agents}] = await Promise.all([api("brief", {}), api("agents", {limit: 200})]);
+  person = brief.person;
+  const now = Date.now() / 1000;
+  const items = brief.for_you.map((task) => el("li", {className: "need", "data-id": task.id},
+    el("div", {className: "title"}, "#" + task.id + " " + task.title),
+    el("div", {className: "meta"}, "asked by " + task.poster + " · " + age(task.created) + " ago"),
+    task.body ? el("div", {className: "text"}, task.body) : null,
+    task.waiting_for.length ? el("div", {className: "meta"}, waitsFor(task))
+      : person ? answers(task) : null));
+  for (const [where, count] of Object.entries(fresh))
+    if (where.startsWith("@") && count) items.push(el("li", {className: "need"},
+      el("button", {type: "button", className: "link",
+                    onclick: () => { peer = where.slice(1); show("direct"); }},
+         count + " new from " + where.slice(1))));
+  if (brief.acks.asked) items.push(el("li", {className: "need"},
+    "asked to acknowledge " + brief.acks.asked + " message" + (brief.acks.asked > 1 ? "s" : "")));
+  if (brief.acks.awaiting && now - brief.acks.oldest > SILENT)
+    items.push(el("li", {className: "need"}, brief.acks.awaiting + " of yours await " +
+                  "acknowledgement, the oldest " + age(brief.acks.oldest)));
+  for (const agent of agents)
+    if (agent.works_for === me && now - agent.seen > SILENT &&
+        (agent.held.length || agent.reserved.length))
+      items.push(el("li", {className: "need"}, agent.id + " is silent holding work (seen " +
+                    age(agent.seen) + " ago)"));
+  if (brief.notices_failing)
+    items.push(el("li", {className: "need error"}, brief.notices_failing));
+  $("#needs").hidden = !items.length;
+  $("#needs-list").replaceChildren(...items);
 }
 
 // The one reading of what a task waits for: its state as people see it, and the words.
@@ -7834,6 +8394,8 @@ function wire() {
     loadNotes();
   });
   setInterval(() => { if (token && (tab === "tasks" || tab === "team")) refresh(); }, 5000);
+  setInterval(() => { if (token) loadNeeds().catch((error) => say(error.message)); }, 10000);
+  window.addEventListener("hashchange", () => { if (token) follow(location.hash); });
   let resized = null;     // the plan wraps to the page's width: draw it again when that changes
   window.addEventListener("resize", () => {
     clearTimeout(resized);
@@ -7854,6 +8416,7 @@ WEB_BODY = """
     <input id="token" type="password" autocomplete="off" placeholder="agora_…"
            aria-label="token">
     <button class="primary">Sign in</button>
+    <label class="keep"><input id="keep" type="checkbox"> Keep me signed in on this device</label>
   </form>
   <p id="signin-error" class="error" role="alert"></p>
 </div>
@@ -7867,6 +8430,7 @@ WEB_BODY = """
     <button type="button" data-tab="notes">Notes</button>
     <button type="button" data-tab="team">Team</button>
   </nav>
+  <div id="needs" class="card" hidden><h2>Needs you</h2><ul id="needs-list"></ul></div>
   <main>
     <section id="tab-channels">
       <aside id="channel-list" class="card"></aside>

@@ -1571,6 +1571,12 @@ class MessageIndexTest(StoreCase):
         con.execute("DROP INDEX cursors_by_channel")
         con.execute("ALTER TABLE agents DROP COLUMN person")
         con.execute("ALTER TABLE tasks DROP COLUMN for_agent")
+        con.execute("ALTER TABLE tasks DROP COLUMN via")
+        for column in ("works_for", "notify", "notify_secret", "quiet_until", "notify_failed",
+                       "notify_error"):
+            con.execute(f"ALTER TABLE agents DROP COLUMN {column}")
+        con.execute("DROP TABLE notice_items")
+        con.execute("DROP TABLE notices")
         con.execute(trigger)
         con.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
         con.execute("INSERT INTO messages (channel, sender, body, ts) "
@@ -2148,6 +2154,249 @@ class WorkForSomeoneTest(StoreCase):
         self.assertEqual([person["id"] for person in brief.body["people"]], ["ann"])
         self.assertIn("people: ann (seen", brief.text)
         self.assertEqual(self.ok("brief", who="ann")["people"], [])
+
+
+ON_PAGE_PAST = agora.ON_PAGE + 1     # a person last seen at T0 is off the page from T0 + this
+
+
+class Receiver:
+    """An HTTP receiver on loopback that records each POST (path, headers, body) and answers
+    STATUS (settable): ntfy, Slack or a webhook, as far as a notice can tell."""
+
+    def __init__(self, case, status=200):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        self.got, self.status = [], status
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.got.append((self.path, dict(self.headers), body))
+                self.send_response(receiver.status)
+                if 300 <= receiver.status < 400:
+                    self.send_header("Location", "http://127.0.0.1:1/elsewhere")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/agora-ann"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        case.addCleanup(self.server.server_close)
+        case.addCleanup(self.server.shutdown)
+
+
+class PeopleInTheLoopTest(StoreCase):
+    """People in the loop: decisions, a person's destination, what they are told off the box,
+    and the Notifier that delivers it (stepped through its clock, to a real receiver)."""
+
+    def setUp(self):
+        super().setUp()
+        outcome(self.store, "join", {"name": "ann", "person": True}, agora.OPERATOR, T0)
+        for who in ("ann", "bob", "carol"):
+            self.ok("brief", who=who)
+        self.receiver = Receiver(self)
+        self.notifier = agora.Notifier(self.store, "https://agora.example", private=True)
+        self.times = []
+
+    def destined(self, kind="ntfy", **more):
+        self.ok("profile", who="ann", **{"notify": f"{kind}:{self.receiver.url}", **more})
+
+    def steps(self, start, end, every=1):
+        """Step the notifier through its clock from START to END, noting when each POST
+        arrived (self.times, beside the receiver's got)."""
+        for now in range(start, end, every):
+            while self.notifier.step(now):
+                pass
+            self.times += [now] * (len(self.receiver.got) - len(self.times))
+
+    def test_a_decision_is_approved_or_declined_with_its_record(self):
+        decision = self.ok("post_task", who="bob", title="drop the legacy table?", **{"for": "ann"})
+        after = self.ok("post_task", who="bob", title="drop it", after=[decision["id"]])
+        self.assertIn("declining", self.refused(400, "done", who="ann", id=decision["id"],
+                                                failed=True))
+        self.refused(403, "done", who="carol", id=decision["id"])
+        answer = self.call("done", who="ann", id=decision["id"], result="yes", now=T0 + 5)
+        self.assertIn("approved by ann", answer.text)
+        record = self.ok("task", id=decision["id"])["task"]["decision"]
+        self.assertEqual(record, {"answer": "approved", "by": "ann", "at": T0 + 5,
+                                  "words": "yes", "via": "cli"})
+        self.assertIn("approved by ann through cli", self.call("task", id=decision["id"]).text)
+        self.assertEqual(self.ok("claim", who="carol")["task"]["id"], after["id"])
+        mail = [m["body"] for m in self.ok("read", who="bob")["messages"]]
+        self.assertIn(f'ann approved your task #{decision["id"]} "drop the legacy table?": yes',
+                      mail)
+
+        declined = self.ok("post_task", who="bob", title="rewrite it?", **{"for": "ann"})
+        waiting = self.ok("post_task", who="carol", title="then", after=[declined["id"]])
+        self.ok("done", who="ann", id=declined["id"], failed=True, result="not now")
+        self.assertEqual(self.ok("task", id=declined["id"])["task"]["decision"]["answer"],
+                         "declined")
+        heard = " ".join(m["body"] for m in self.ok("read", who="bob")["messages"])
+        self.assertIn("ann declined your task", heard)
+        heard = " ".join(m["body"] for m in self.ok("read", who="carol")["messages"])
+        self.assertIn(f"waits for #{declined['id']}, which ann declined", heard)
+        self.assertEqual(self.ok("task", id=waiting["id"])["task"]["status"], "open")
+
+    def test_an_agents_answer_to_a_task_for_it_is_no_decision(self):
+        task = self.ok("post_task", who="bob", title="look", **{"for": "carol"})
+        self.ok("done", who="carol", id=task["id"], failed=True)      # no reason needed
+        self.assertNotIn("decision", self.ok("task", id=task["id"])["task"])
+
+    def test_only_a_person_sets_where_they_are_told_and_only_their_own(self):
+        error = self.refused(403, "profile", who="bob", notify="ntfy:https://ntfy.sh/x")
+        self.assertIn("only a person", error)
+        self.refused(403, "profile", who="bob", quiet_until=T0)
+        self.refused(400, "profile", who="ann", notify="https://ntfy.sh/x")
+        self.refused(400, "profile", who="ann", notify="webhook:https://hooks.example/x")
+        self.refused(400, "profile", who="bob", works_for="carol")         # not a person
+        self.refused(404, "profile", who="bob", works_for="nobody")
+        self.ok("profile", who="bob", works_for="ann")
+        secret = "https://ntfy.sh/ann-secret-topic-4711"
+        self.ok("profile", who="ann", notify="ntfy:" + secret)
+        for who in ("ann", "bob"):
+            for op in ("agents", "brief", "profile"):
+                self.assertNotIn("secret-topic", json.dumps(self.ok(op, who=who)))
+        agents = self.call("agents", who="bob")
+        ann = next(agent for agent in agents.body["agents"] if agent["id"] == "ann")
+        self.assertEqual(ann["notify"], "ntfy ntfy.sh")
+        self.assertIn("bob (no status", self.call("brief", who="bob").text)
+        self.assertIn("works for ann", agents.text)
+        self.ok("profile", who="bob", works_for="")
+        self.assertIsNone(self.ok("profile", who="bob")["works_for"])
+
+    def test_what_a_person_is_told_gathers_into_one_notice(self):
+        self.destined()
+        now = T0 + ON_PAGE_PAST
+        decision = self.ok("post_task", who="bob", title="ship?", now=now, **{"for": "ann"})
+        for i in range(1000):
+            self.ok("post", who="carol", to="ann", body=f"note {i}", now=now + i % 50)
+        self.steps(now, now + 59)
+        self.assertEqual(self.receiver.got, [])             # its window is still open
+        self.steps(now + 59, now + 62)
+        self.assertEqual(len(self.receiver.got), 1)
+        path, headers, body = self.receiver.got[0]
+        self.assertEqual(headers["Title"], "1001 things need you in agora")
+        self.assertEqual(headers["Click"], f"https://agora.example/#task-{decision['id']}")
+        self.assertEqual(headers["Priority"], "high")
+        self.assertIn("X-Agora-Notice", headers)
+        self.assertEqual(body.decode().splitlines(),
+                         [f"bob asks you (task #{decision['id']}): ship?",
+                          "carol: note 999 (+999 more)"])
+        self.steps(now + 62, now + 200)
+        self.assertEqual(len(self.receiver.got), 1)         # each thing once
+
+    def test_nothing_off_the_box_for_a_person_on_the_page_or_while_quiet(self):
+        self.destined()
+        self.ok("post", who="bob", to="ann", body="seen on the page", now=T0 + 30)
+        self.ok("brief", who="ann", now=T0 + 100)
+        self.ok("profile", who="ann", quiet_until=T0 + 3600, now=T0 + 100)
+        self.ok("post", who="bob", to="ann", body="told after the quiet", now=T0 + 200)
+        self.steps(T0 + 200, T0 + 3600, every=30)
+        self.assertEqual(self.receiver.got, [])
+        self.steps(T0 + 3600, T0 + 3602)
+        self.assertEqual([body for _, _, body in self.receiver.got], [b"bob: told after the quiet"])
+
+    def test_each_kind_speaks_its_receivers_language(self):
+        import hashlib
+        import hmac
+        for kind in ("slack", "webhook"):
+            self.receiver.got.clear()
+            self.destined(kind, notify_secret="s3cret")
+            now = T0 + (ON_PAGE_PAST if kind == "slack" else 10 * ON_PAGE_PAST)
+            self.ok("post", who="bob", to="ann", body="<!channel> & <b>hi</b>", now=now)
+            self.steps(now, now + 62)
+            [(path, headers, body)] = self.receiver.got
+            self.assertEqual(headers["Content-Type"], "application/json")
+            sent = json.loads(body)
+            if kind == "slack":
+                self.assertEqual(sent["text"].splitlines()[1],
+                                 "bob: &lt;!channel&gt; &amp; &lt;b&gt;hi&lt;/b&gt;")
+                self.assertTrue(sent["text"].endswith("|Open agora>"))
+            else:
+                expected = hmac.new(b"s3cret", body, hashlib.sha256).hexdigest()
+                self.assertEqual(headers["X-Agora-Signature"], "sha256=" + expected)
+                self.assertEqual(str(sent["id"]), headers["X-Agora-Notice"])
+                self.assertEqual((sent["person"], sent["items"][0]["kind"]), ("ann", "message"))
+                self.assertEqual(sent["items"][0]["line"], "bob: <!channel> & <b>hi</b>")
+                self.assertTrue(sent["link"].startswith("https://agora.example/#message-"))
+
+    def test_a_failing_destination_is_tried_again_shown_then_given_up(self):
+        self.destined()
+        self.receiver.status = 500
+        now = T0 + ON_PAGE_PAST
+        self.ok("post", who="bob", to="ann", body="one", now=now)
+        self.steps(now, now + 200)
+        self.ok("post", who="bob", to="ann", body="two", now=now + 200)
+        self.assertEqual([when - now for when in self.times], [60, 65, 75, 95, 135])
+        ids = {headers["X-Agora-Notice"] for _, headers, _ in self.receiver.got}
+        self.assertEqual(len(ids), 1)           # the second waits behind the first
+        brief = self.call("brief", who="ann", now=now + 200)
+        self.assertIn("notices to 127.0.0.1:", brief.text)
+        self.assertIn(" failing since ", brief.text)
+        self.assertIn(": 500", brief.text)
+        self.assertIn("failing since", self.call("agents", who="bob", now=now + 200).text)
+        self.steps(now + 200, now + agora.GIVE_UP + 7200, every=30)
+        first = [when for when, (_, headers, _) in zip(self.times, self.receiver.got)
+                 if headers["X-Agora-Notice"] in ids]
+        gaps = [later - earlier for earlier, later in zip(first, first[1:])]
+        self.assertEqual(max(gaps), agora.RETRY_MOST)
+        self.assertLessEqual(first[-1], now + 60 + agora.GIVE_UP)       # then given up,
+        order = [headers["X-Agora-Notice"] in ids for _, headers, _ in self.receiver.got]
+        self.assertEqual(order, [True] * len(first) + [False] * (len(order) - len(first)))
+        self.assertGreater(len(order), len(first))      # only then is the next one tried
+        self.receiver.status = 200
+        later = now + agora.GIVE_UP + 7200
+        self.ok("profile", who="ann", notify="ntfy:" + self.receiver.url, now=later)
+        self.steps(later, later + 2)
+        self.assertEqual(self.receiver.got[-1][2], b"bob: two")
+        self.assertIsNone(self.ok("brief", who="ann", now=later)["notices_failing"])
+
+    def test_a_notice_survives_a_restart_and_a_crash_mid_send(self):
+        self.destined()
+        now = T0 + ON_PAGE_PAST
+        self.ok("post", who="bob", to="ann", body="kept", now=now)
+        self.notifier.gather(now + 60)
+        taken = self.notifier.next_due(now + 60)            # as if killed mid-send
+        self.store.close()
+        self.store = agora.Store(self.db)
+        self.addCleanup(self.store.close)
+        self.notifier = agora.Notifier(self.store, "https://agora.example", private=True)
+        self.steps(now + 60, now + 60 + agora.NOTICE_TIMEOUT)
+        self.assertEqual(self.receiver.got, [])             # its attempt may still be on
+        self.steps(now + 60 + agora.NOTICE_TIMEOUT, now + 60 + 2 * agora.NOTICE_TIMEOUT + 1)
+        [(_, headers, body)] = self.receiver.got
+        self.assertEqual((headers["X-Agora-Notice"], body), (str(taken["id"]), b"bob: kept"))
+
+    def test_http_only_to_private_addresses_with_the_flag_and_no_redirects(self):
+        self.destined()
+        now = T0 + ON_PAGE_PAST
+        self.notifier.private = False
+        self.ok("post", who="bob", to="ann", body="one", now=now)
+        self.steps(now, now + 61)
+        self.assertEqual(self.receiver.got, [])
+        self.assertIn("--notify-private", self.ok("brief", who="ann", now=now)["notices_failing"])
+        self.notifier.private = True
+        self.receiver.status = 302
+        self.steps(now + 61, now + 70)
+        self.assertEqual(len(self.receiver.got), 1)         # the redirect not followed
+        self.assertIn(": 302", self.ok("brief", who="ann", now=now)["notices_failing"])
+
+    def test_overdue_acks_and_silent_agents_are_told_once(self):
+        self.destined()
+        self.ok("profile", who="bob", works_for="ann")
+        now = T0 + ON_PAGE_PAST
+        message = self.ok("post", who="bob", to="carol", body="please confirm", ack=True, now=now)
+        task = self.ok("post_task", who="carol", title="index it", now=now)
+        self.ok("claim", who="bob", id=task["id"], lease=600, now=now)
+        self.steps(now, now + agora.ESCALATE_AFTER + 200, every=10)
+        lines = [body.decode() for _, _, body in self.receiver.got]
+        told = "\n".join(lines)
+        self.assertIn(f"carol has not acknowledged bob's message #{message['id']}", told)
+        self.assertIn("bob, who works for you, is silent holding work", told)
+        self.assertEqual(told.count("has not acknowledged"), 1)
+        self.assertEqual(told.count("is silent"), 1)
 
 
 class OwnTasksTest(StoreCase):
