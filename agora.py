@@ -16,6 +16,7 @@ Run it::
     python3 agora.py wait --as alice             # block until there is news for alice
     python3 agora.py hook install claude --as alice   # Claude Code hears of it too
     python3 agora.py guard install --as alice    # git refuses commits on others' paths
+    python3 agora.py profile notify=ntfy:https://ntfy.sh/ann-topic --as ann   # a person, told
     python3 agora.py install                     # the agora command, quick to start
     python3 agora.py backup /backups/agora.db    # a consistent copy, while others write
     python3 agora.py check                       # the file's integrity, schema and counts
@@ -41,6 +42,8 @@ Parker (it drives the HTTP handlers and admission it is given) and the inert dat
                            reservations); the handlers, domain by domain
     Dispatch               validation from the schema, identity, call()
     JSON-RPC, MCP, A2A     the envelope the two share, and each protocol over call()
+    Notices                what a person is told off the box: gathered, made one notice
+                           a window, sent by the Notifier thread (ntfy, Slack, a webhook)
     HTTP                   the faces (REST, MCP, A2A, the card, the page), framing,
                            the request log, the server and its admission
     stdio, Remote          MCP on stdin/stdout; the CLI and the bridge to a server
@@ -2855,6 +2858,9 @@ def op_brief(store, caller, args, now):
     elif held:
         hint = (f"work on #{held[0]['id']}; done id={held[0]['id']} result=... when "
                 f"finished, extend id={held[0]['id']} if you need longer")
+    elif for_you and not for_you[0]["waiting_for"] and agent["person"]:
+        hint = (f"{for_you[0]['poster']} asks you to decide #{for_you[0]['id']}: done "
+                f"id={for_you[0]['id']} approves, with failed=true (and result=why) declines")
     elif for_you and not for_you[0]["waiting_for"]:
         hint = f"claim id={for_you[0]['id']}: {for_you[0]['poster']} asks it of you"
     elif open_count:
@@ -3872,7 +3878,7 @@ def op_claim(store, caller, args, now):
 def _dependents_hear(db, task, me, now):
     """Tell the posters of the tasks waiting for TASK what its end means for them: ready
     when it was their last blocker and is done, still waiting (stuck, a person is told off
-    the box) when it failed, was declined or ended."""
+    the box) when it failed, was declined or ended; answer those tasks."""
     rows = db.execute(f"{TASK_ROWS} WHERE id IN (SELECT task_id FROM task_deps WHERE "
                       f"after_id = :id) AND {OPEN_TASK}", {"id": task["id"], "now": now})
     dependents = [_task(row) for row in rows]
@@ -3894,6 +3900,7 @@ def _dependents_hear(db, task, me, now):
             _tell_person(db, dependent["poster"], "stuck", f"stuck:{dependent['id']}:{task['id']}",
                          f"plan stuck: {text.partition(':')[0]}", f"#task-{dependent['id']}", now)
         _tell(db, dependent["poster"], text, now)
+    return dependents
 
 
 def _change_held(db, task_id, me, now, changes, *values):
@@ -3941,15 +3948,17 @@ def op_done(store, caller, args, now):
         task = _change_held(db, args["id"], me, now, "status = ?, result = ?, lease_until = NULL, "
                             "via = ?", state, args["result"] or "",
                             caller.face if decides else None)
+        waiting = _dependents_hear(db, task, me, now)
         if task["poster"] != me:
             ended = task["decision"]["answer"] if decides else state
             said = (f"{me} {ended} your task {_quote(task)}" if decides
                     else f"{me} finished your task {_quote(task)} as {state}")
             said += f": {clip(task['result'], 200)}" if task["result"] else ""
             _tell(db, task["poster"], said, now)
-            _tell_person(db, task["poster"], ended, f"end:{task['id']}", said,
-                         f"#task-{task['id']}", now)
-        _dependents_hear(db, task, me, now)
+            stuck = (f" (plan stuck: {len(waiting)} wait for it)"
+                     if waiting and state == "failed" else "")
+            _tell_person(db, task["poster"], ended, f"end:{task['id']}",
+                         clip(said, NOTICE_LINE - len(stuck)) + stuck, f"#task-{task['id']}", now)
     return Result({"task": task}, _task_line(task, now))
 
 
@@ -5070,48 +5079,54 @@ class A2AEndpoint(RpcEndpoint):
 
 WATCH_EVERY = 10            # seconds between two looks for overdue acks and silent agents
 KEPT_SENT = 2 * GIVE_UP     # seconds a sent notice (and what it told) is kept: told once
+NOTICE_SHOWN = 10           # lines of things one notice shows (ntfy keeps 4,096 bytes)
 
 
 def overdue_acks(db, now, after):
-    """Tell people of acknowledgements overdue past AFTER seconds: asked by them, or by an
-    agent that works for them (asked within the day before: older ones were told)."""
+    """Answer what to tell people (_tell_person's arguments) of acknowledgements overdue past
+    AFTER seconds: asked by them, or by an agent that works for them (asked within the day
+    before: older ones were told)."""
+    told = []
     for row in db.execute(
             "SELECT r.message_id, r.sender, r.recipient, r.asked, CASE WHEN s.person THEN "
             "s.name ELSE s.works_for END AS whom FROM receipts r JOIN agents s ON s.name = "
             "r.sender WHERE r.acked IS NULL AND r.asked <= :due AND r.asked > :due - :day",
-            {"due": now - after, "day": GIVE_UP}).fetchall():
+            {"due": now - after, "day": GIVE_UP}):
         if row["whom"] is not None:
             whose = "your" if row["whom"] == row["sender"] else f"{row['sender']}'s"
-            _tell_person(db, row["whom"], "ack", f"ack:{row['message_id']}",
+            told.append((row["whom"], "ack", f"ack:{row['message_id']}",
                          f"{row['recipient']} has not acknowledged {whose} message "
                          f"#{row['message_id']} ({age(now - row['asked'])})",
-                         f"#agent-{row['recipient']}", now)
+                         f"#agent-{row['recipient']}"))
+    return told
 
 
 def silent_agents(db, now, after):
-    """Tell people of agents working for them gone silent holding work: a lease of theirs
-    ran out and nobody took the task, or unseen past AFTER seconds holding tasks or
-    reservations (seen within the day before: those unseen longer were told)."""
-    for row in db.execute(
-            "SELECT a.name, a.seen, a.works_for FROM agents a WHERE a.works_for IS NOT NULL "
-            "AND a.seen > :now - :after - :day AND (EXISTS (SELECT 1 FROM tasks WHERE owner = "
-            f"a.name AND status = 'claimed' AND {ran_out('lease_until')}) OR a.seen <= :now - "
-            ":after AND (EXISTS (SELECT 1 FROM tasks WHERE owner = a.name AND status = "
-            f"'claimed') OR EXISTS (SELECT 1 FROM reservations WHERE agent = a.name AND "
-            f"{LIVE_RESERVATION})))", {"now": now, "after": after, "day": GIVE_UP}).fetchall():
-        _tell_person(db, row["works_for"], "silent", f"silent:{row['name']}:{row['seen']}",
-                     f"{row['name']}, who works for you, is silent holding work (seen "
-                     f"{age(now - row['seen'])} ago)", f"#agent-{row['name']}", now)
+    """Answer what to tell people of agents working for them gone silent holding work: a
+    lease of theirs ran out and nobody took the task, or unseen past AFTER seconds holding
+    tasks or reservations (seen within the day before: those unseen longer were told)."""
+    return [(row["works_for"], "silent", f"silent:{row['name']}:{row['seen']}",
+             f"{row['name']}, who works for you, is silent holding work (seen "
+             f"{age(now - row['seen'])} ago)", f"#agent-{row['name']}") for row in db.execute(
+        "SELECT a.name, a.seen, a.works_for FROM agents a WHERE a.works_for IS NOT NULL "
+        "AND a.seen > :now - :after - :day AND (EXISTS (SELECT 1 FROM tasks WHERE owner = "
+        f"a.name AND status = 'claimed' AND {ran_out('lease_until')}) OR a.seen <= :now - "
+        ":after AND (EXISTS (SELECT 1 FROM tasks WHERE owner = a.name AND status = "
+        f"'claimed') OR EXISTS (SELECT 1 FROM reservations WHERE agent = a.name AND "
+        f"{LIVE_RESERVATION})))", {"now": now, "after": after, "day": GIVE_UP})]
 
 
 def notice_payload(items):
     """Answer one notice of ITEMS (rows of notice_items, oldest first): a title, a line each
-    (one sender's messages as one), the link to the first, and the items themselves."""
+    (one sender's messages as one) up to NOTICE_SHOWN, the link to the first, and every
+    item itself (what a webhook gets)."""
     lines = [item["line"] + (f" (+{item['count'] - 1} more)" if item["count"] > 1 else "")
              for item in items]
     things = sum(item["count"] for item in items)
+    shown = lines[:NOTICE_SHOWN] + ([f"and {len(lines) - NOTICE_SHOWN} more on the page"]
+                                    if len(lines) > NOTICE_SHOWN else [])
     return {"title": f"{things} thing{'s need' if things != 1 else ' needs'} you in agora",
-            "lines": lines, "link": items[0]["link"],
+            "lines": shown, "link": items[0]["link"],
             "items": [{"kind": item["kind"], "id": item["link"].rpartition("-")[2],
                        "line": line} for item, line in zip(items, lines)]}
 
@@ -5197,7 +5212,7 @@ class Notifier:
                         urllib.request.HTTPDefaultErrorHandler, urllib.request.HTTPErrorProcessor):
             self.opener.add_handler(handler())
         self.failures = (OSError, ValueError, http.client.HTTPException)
-        self.watched = float("-inf")
+        self.watched = self.pruned = float("-inf")
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="agora-notifier", daemon=True)
 
@@ -5231,13 +5246,25 @@ class Notifier:
         return notice is not None
 
     def watch(self, now):
-        """Find overdue acknowledgements and silent agents; forget what was sent days ago."""
+        """Tell of overdue acknowledgements and silent agents not told yet (looked for in a
+        read, written only when there is news), and hourly forget what was sent days ago."""
+        untold = "SELECT 1 FROM notice_items WHERE person = ? AND key = ?"
+        with self.store.transaction() as db:
+            told = [telling for telling in overdue_acks(db, now, self.escalate_after)
+                    + silent_agents(db, now, self.silent_after)
+                    if not db.execute(untold, telling[0:3:2]).fetchone()]
+        prune = now - self.pruned >= 3600
+        if not (told or prune):
+            return
         with self.store.transaction(write=True) as db:
-            overdue_acks(db, now, self.escalate_after)
-            silent_agents(db, now, self.silent_after)
-            db.execute("DELETE FROM notice_items WHERE notice IN (SELECT id FROM notices "
-                       "WHERE sent < ?)", (now - KEPT_SENT,))
-            db.execute("DELETE FROM notices WHERE sent < ?", (now - KEPT_SENT,))
+            for whom, kind, key, line, link in told:
+                _tell_person(db, whom, kind, key, line, link, now)
+            if prune:
+                db.execute("DELETE FROM notice_items WHERE notice IN (SELECT id FROM notices "
+                           "WHERE sent < ?)", (now - KEPT_SENT,))
+                db.execute("DELETE FROM notices WHERE sent < ?", (now - KEPT_SENT,))
+        if prune:
+            self.pruned = now
 
     def gather(self, now):
         """Make one notice of each person's things whose window has closed."""
@@ -7730,6 +7757,7 @@ input[type="checkbox"] { width: auto; }
 .need .title { font-weight: 600; }
 form.answer { display: grid; gap: .4em; margin-top: .4em; }
 button.danger { background: var(--bad); color: #fff; border-color: var(--bad); }
+.need .actions { margin-top: .4em; display: flex; gap: .5em; flex-wrap: wrap; }
 .actions button { min-height: 2.6em; min-width: 6em; }
 .error { color: var(--bad); min-height: 1.4em; overflow-wrap: anywhere; }
 header { display: flex; align-items: center; gap: .8em; padding: .6em 1em;
@@ -7881,7 +7909,7 @@ async function signIn(candidate) {
   $("#signin-error").textContent = "";
   if (!token) { $("#signin-error").textContent = "Paste a token first."; return; }
   try {
-    me = (await api("brief", {})).agent;
+    ({agent: me, person} = await api("brief", {}));
   } catch (error) {
     token = "";
     $("#signin-error").textContent =
@@ -8342,7 +8370,10 @@ function teamRow(agent) {
                                                   agent.unread + " unread")
                                : el("span", {className: "meta"}, " · nothing unread")) : null),
        el("div", {className: agent.status ? "text" : "meta"}, agent.status || "no status"),
-       agent.about ? el("div", {className: "meta"}, agent.about) : null),
+       agent.about ? el("div", {className: "meta"}, agent.about) : null,
+       agent.works_for ? el("div", {className: "meta"}, "works for " + agent.works_for) : null,
+       agent.notify ? el("div", {className: "meta"}, "told at " + agent.notify) : null,
+       agent.notices_failing ? el("div", {className: "error"}, agent.notices_failing) : null),
     list("holds", held, "no task"), list("reserves", reserved, "no paths"));
 }
 

@@ -2119,7 +2119,7 @@ class WorkForSomeoneTest(StoreCase):
         self.assertEqual([t["id"] for t in brief.body["for_you"]], [task["id"]])
         self.assertIn("for you: #", brief.text)
         self.assertEqual(brief.text.count('"ship it?"'), 1)      # not again among the top
-        self.assertIn(f"claim id={task['id']}", brief.body["hint"])
+        self.assertIn(f"done id={task['id']} approves", brief.body["hint"])     # a person's
         self.assertEqual(self.ok("brief", who="carol")["for_you"], [])
         self.assertEqual(self.ok("brief", who="carol")["open"]["count"], 0)
         later = self.ok("post_task", who="bob", title="then this", after=[task["id"]],
@@ -2239,8 +2239,40 @@ class PeopleInTheLoopTest(StoreCase):
         self.assertIn(f"waits for #{declined['id']}, which ann declined", heard)
         self.assertEqual(self.ok("task", id=waiting["id"])["task"]["status"], "open")
 
+    def test_a_person_hears_of_their_task_failed_and_the_plan_stuck_on_it(self):
+        self.destined()
+        now = T0 + ON_PAGE_PAST
+        task = self.ok("post_task", who="ann", title="index it")     # ann was here at T0
+        self.ok("post_task", who="carol", title="then search", after=[task["id"]], now=now)
+        self.ok("claim", who="bob", id=task["id"], now=now)
+        self.ok("done", who="bob", id=task["id"], failed=True, result="disk full", now=now)
+        self.steps(now, now + 62)
+        [(_, _, body)] = self.receiver.got
+        self.assertEqual(body.decode(), f'bob finished your task #{task["id"]} "index it" as '
+                                        "failed: disk full (plan stuck: 1 wait for it)")
+        decision = self.ok("post_task", who="bob", title="go?", now=now, **{"for": "ann"})
+        self.ok("read", who="ann", now=now)
+        self.assertEqual(self.ok("brief", who="ann", now=now)["hint"],
+                         f"bob asks you to decide #{decision['id']}: done id={decision['id']} "
+                         "approves, with failed=true (and result=why) declines")
+
+    def test_a_flood_gathers_at_most_so_many_things_for_one_notice(self):
+        self.destined()
+        now = T0 + ON_PAGE_PAST
+        for i in range(agora.NOTICE_ITEMS + 50):
+            self.ok("post_task", who="bob", title=f"decide {i}", now=now, **{"for": "ann"})
+        self.steps(now, now + 62)
+        [(_, headers, body)] = self.receiver.got
+        self.assertEqual(headers["Title"], f"{agora.NOTICE_ITEMS} things need you in agora")
+        lines = body.decode().splitlines()
+        self.assertEqual(lines[-1], f"and {agora.NOTICE_ITEMS - 10} more on the page")
+        self.assertEqual(len(lines), 11)
+        self.assertLessEqual(len(body), 4096)           # what ntfy takes as a message
+
     def test_an_agents_answer_to_a_task_for_it_is_no_decision(self):
         task = self.ok("post_task", who="bob", title="look", **{"for": "carol"})
+        self.assertIn(f"claim id={task['id']}: bob asks it of you",
+                      self.ok("brief", who="carol")["hint"])
         self.ok("done", who="carol", id=task["id"], failed=True)      # no reason needed
         self.assertNotIn("decision", self.ok("task", id=task["id"])["task"])
 
@@ -2286,6 +2318,9 @@ class PeopleInTheLoopTest(StoreCase):
                           "carol: note 999 (+999 more)"])
         self.steps(now + 62, now + 200)
         self.assertEqual(len(self.receiver.got), 1)         # each thing once
+        self.steps(now + agora.KEPT_SENT + 3600, now + agora.KEPT_SENT + 3602)
+        self.assertEqual(self.store.query_one("SELECT (SELECT count(*) FROM notices), "
+                                              "(SELECT count(*) FROM notice_items)")[:], (0, 0))
 
     def test_nothing_off_the_box_for_a_person_on_the_page_or_while_quiet(self):
         self.destined()
@@ -2293,10 +2328,13 @@ class PeopleInTheLoopTest(StoreCase):
         self.ok("brief", who="ann", now=T0 + 100)
         self.ok("profile", who="ann", quiet_until=T0 + 3600, now=T0 + 100)
         self.ok("post", who="bob", to="ann", body="told after the quiet", now=T0 + 200)
-        self.steps(T0 + 200, T0 + 3600, every=30)
+        self.steps(T0 + 200, T0 + 2000, every=30)
+        self.ok("post", who="carol", to="ann", body="and this, in one notice", now=T0 + 2000)
+        self.steps(T0 + 2000, T0 + 3600, every=30)
         self.assertEqual(self.receiver.got, [])
         self.steps(T0 + 3600, T0 + 3602)
-        self.assertEqual([body for _, _, body in self.receiver.got], [b"bob: told after the quiet"])
+        self.assertEqual([body for _, _, body in self.receiver.got],
+                         [b"bob: told after the quiet\ncarol: and this, in one notice"])
 
     def test_each_kind_speaks_its_receivers_language(self):
         import hashlib
@@ -2393,6 +2431,8 @@ class PeopleInTheLoopTest(StoreCase):
         self.steps(now, now + agora.ESCALATE_AFTER + 200, every=10)
         lines = [body.decode() for _, _, body in self.receiver.got]
         told = "\n".join(lines)
+        silent = [when for when, line in zip(self.times, lines) if "is silent" in line]
+        self.assertLess(silent[0], now + agora.SILENT_AFTER)      # at its lease's end
         self.assertIn(f"carol has not acknowledged bob's message #{message['id']}", told)
         self.assertIn("bob, who works for you, is silent holding work", told)
         self.assertEqual(told.count("has not acknowledged"), 1)
@@ -3535,6 +3575,25 @@ class ServeBoundsTest(unittest.TestCase):
 
 class RestTest(ServerCase):
     """REST end to end: every path a client takes, and what it is refused."""
+
+    def test_a_decision_records_the_face_it_came_through(self):
+        status, _, body = self.request("POST", "/api/join", {"name": "ann", "person": True})
+        ann, bob = body["token"], self.join("bob")
+        origin = {"Origin": f"http://127.0.0.1:{self.port}"}
+        answers = {}
+        for face, path, headers in (("web", "/api/done", origin), ("rest", "/api/done", {}),
+                                    ("mcp", "/mcp", {})):
+            _, _, task = self.request("POST", "/api/post_task", {"title": face, "for": "ann"},
+                                      bob)
+            args = {"id": task["id"], "result": "yes"}
+            body = args if path != "/mcp" else {"jsonrpc": "2.0", "id": 1, "method":
+                                                 "tools/call", "params": {"name": "done",
+                                                                          "arguments": args}}
+            status, _, _ = self.request("POST", path, body, ann, headers)
+            self.assertEqual(status, 200)
+            _, _, shown = self.request("POST", "/api/task", {"id": task["id"]}, bob)
+            answers[face] = shown["task"]["decision"]["via"]
+        self.assertEqual(answers, {"web": "web", "rest": "rest", "mcp": "mcp"})
 
     def test_a_full_disk_is_told_without_the_files_path(self):
         with sqlite3.connect(self.store.path) as db:        # a post fails as on a full disk

@@ -823,8 +823,8 @@ class McpScript:
     NAMES = {"claude": "mcp__agora__{}", "gemini": "mcp_agora_{}", "qwen": "mcp__agora__{}",
              "copilot": "agora-{}", "opencode": "agora_{}"}
 
-    def __init__(self, client):
-        self.client, self.steps = client, [("read", {}), ("post", {"body": "POSTED-BY-MODEL"})]
+    def __init__(self, client, steps=(("read", {}), ("post", {"body": "POSTED-BY-MODEL"}))):
+        self.client, self.steps = client, list(steps)
         self.searched = False
 
     def __call__(self, request):
@@ -837,15 +837,65 @@ class McpScript:
         else:
             wanted = self.NAMES[client].format(name)
             if client == "claude" and wanted not in tool_names(request):
-                return tool("ToolSearch", {"query": "select:mcp__agora__read,mcp__agora__post",
-                                           "max_results": 5})
+                return tool("ToolSearch", {"query": "select:" + ",".join(
+                    self.NAMES[client].format(step) for step, _ in self.steps),
+                    "max_results": 5})
             if client == "qwen" and not self.searched:
                 self.searched = True
-                return tool("tool_search", {"query": "select:mcp__agora__read,mcp__agora__post"})
+                return tool("tool_search", {"query": "select:" + ",".join(
+                    self.NAMES[client].format(step) for step, _ in self.steps)})
             reply = (tool("tool_call", {"name": wanted, "arguments": arguments})
                      if client == "qwen" else tool(wanted, arguments))
         self.steps.pop(0)
         return reply
+
+
+def asks_a_person(client, base):
+    """The model asks a person for a decision through MCP over HTTP (post_task for=ann), then
+    waits with news wait=30 tasks=true; ann approves (done, as she would on the page, here
+    from the command line) and her answer reaches the model as that tool's result."""
+    label = f"{client.name} asks a person"
+    name = f"{client.name}-asker"
+    with Session(base, f"{client.name}-asks-a-person") as (scratch, model):
+        server = AgoraServer(scratch.db)
+        try:
+            token = mint(scratch.db, name)
+            agora(scratch.db, "join", "name=ann", "person=true")
+            ok, extra = client_add_mcp(client, scratch, model, name, server, token)
+            if ok is not None and not check(f"{label}: the client takes agora as an MCP "
+                                            "server", ok, extra):
+                return
+            model.set_script([McpScript(client, [
+                ("post_task", {"title": "DROP-THE-LEGACY-TABLE?", "for": "ann"}),
+                ("news", {"wait": 30, "tasks": True})])] * 8)
+            answered = []
+
+            def ann_decides():
+                deadline = time.monotonic() + RUN_TIMEOUT
+                while time.monotonic() < deadline and not answered:
+                    tasks = json.loads(agora(scratch.db, "tasks", "--as", "ann", "--json"))
+                    for task in tasks["tasks"]:
+                        if task["title"] == "DROP-THE-LEGACY-TABLE?":
+                            time.sleep(1)       # the model is waiting in news by now
+                            agora(scratch.db, "done", f"id={task['id']}", "result=GO-AHEAD",
+                                  "--as", "ann")
+                            answered.append(task["id"])
+                    time.sleep(0.3)
+            deciding = threading.Thread(target=ann_decides, daemon=True)
+            deciding.start()
+            done = client.headless(scratch, model, "ask ann before dropping the table",
+                                   **client_mcp_options(client, extra))
+            deciding.join(5)
+            turns = model.turns()
+            results = [added_text(t, p) for p, t in zip(turns, turns[1:])]
+            heard = [r for r in results if "ann approved your task" in r and "GO-AHEAD" in r]
+            check(f"{label}: the decision is posted for ann, and her answer reaches the model "
+                  "as the news tool's result", answered and heard,
+                  [done, [t["reply"] for t in turns]])
+            if heard:
+                note(f"news result: {fragment(heard[0], 'ann approved', 100)!r}")
+        finally:
+            server.close()
 
 
 def client_add_mcp(client, scratch, model, name, server, token):
@@ -1262,6 +1312,8 @@ def main(argv=None):
                 copilot_runs_claude_hooks(client, base)
             for transport in ("stdio", "http"):
                 mcp_round_trip(client, base, transport)
+            if client.name == "claude":
+                asks_a_person(client, base)
             shown_to_person(client, base)
     finally:
         left = LEFT_BEHIND + sweep(base)

@@ -4,20 +4,23 @@ Drives Debian's Chromium with Playwright (from the interop virtual environment):
 a bad token, signing in, posting, another agent's post arriving without a
 reload (a hostile one, which must show as text and never run), a reply, direct
 mail, claiming a task, notes, the team (who holds and reserves what) and the
-plan (a graph of the unfinished tasks); screenshots of the page, the team and the
-plan at laptop and phone sizes land in .interop/. Loopback only; ends with
+plan (a graph of the unfinished tasks); a person told on ntfy of a decision,
+answering it on a phone; screenshots of the page, the team, the plan, Needs you and a
+decision at laptop and phone sizes land in .interop/. Loopback only; ends with
 'N passed, N failed'.
 """
 
 import os
 import shutil
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, check, mint_token, rest, start_server, stop_server, summary  # noqa
+from harness import (AGORA, ROOT, check, mint_token, rest, start_server,  # noqa: E402
+                     stop_server, summary)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = os.path.join(ROOT, ".interop")
@@ -272,6 +275,119 @@ def plan(page, url, bot):
           and card.query_selector("button:has-text('Claim')") is not None, (drawn(), boxes, arrows))
 
 
+def decisions(browser, work, problems):
+    """People in the loop on a phone: an agent asks ann and ben a decision each, with a task
+    after it; each one's ntfy receiver (on loopback) gets one notice whose Click link, signed
+    in, answers it in two taps: ann approves, and the agent's `news wait` hears at once that
+    its task is ready; ben declines with a reason, and the agent hears that."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    got = []
+
+    class Ntfy(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            got.append((self.path, dict(self.headers), body.decode()))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Ntfy)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    ntfy = f"http://127.0.0.1:{receiver.server_address[1]}"
+    db = os.path.join(work, "people.db")
+    server, url = start_server(db, "--notify-private")
+    try:
+        tokens = {}
+        for person in ("ann", "ben"):
+            tokens[person] = json.loads(subprocess.run(
+                [sys.executable, AGORA, "join", f"name={person}", "person=true", "--json",
+                 "--db", db], check=True, capture_output=True, text=True).stdout)["token"]
+            status, _ = rest(url, "profile", {"notify": f"ntfy:{ntfy}/{person}"}, tokens[person])
+            check(f"{person} sets where she is told, with her own token", status == 200)
+        asker = mint_token(db, "asker")
+        time.sleep(61)                      # neither is on the page now
+        asked = {}
+        for person, title in (("ann", "drop the legacy table?"), ("ben", "rewrite the parser?")):
+            decision = act(url, "post_task", {"title": title, "for": person, "body": HOSTILE},
+                           asker)["id"]
+            after = act(url, "post_task", {"title": f"then, {person}", "after": [decision]},
+                        asker)["id"]
+            asked[person] = (decision, after)
+        deadline = time.monotonic() + 90
+        while len(got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        by = {path.strip("/"): (headers, body) for path, headers, body in got}
+        check("each person's ntfy receiver got one notice", sorted(by) == ["ann", "ben"]
+              and len(got) == 2, got)
+        for person, (headers, body) in by.items():
+            check(f"{person}'s notice: a Title, the decision, and a Click link to it",
+                  headers.get("Title") == "1 thing needs you in agora"
+                  and headers.get("Click") == f"{url}/#task-{asked[person][0]}"
+                  and f"asker asks you (task #{asked[person][0]})" in body, (headers, body))
+        act(url, "read", {"limit": 200}, asker)
+        act(url, "news", {"tasks": True}, asker)            # what came before is told
+        for person, approve in (("ann", True), ("ben", False)):
+            decision, after = asked[person]
+            context = browser.new_context(viewport={"width": 390, "height": 844})
+            phone = context.new_page()
+            phone.on("pageerror", lambda error: problems.append(str(error)))
+            phone.goto(by[person][0]["Click"])
+            phone.fill("#token", tokens[person])
+            phone.check("#keep")
+            phone.click("#signin-form button.primary")
+            need = f"#needs li[data-id='{decision}']"
+            phone.wait_for_selector(need)
+            check(f"{person}: the link opens the page at Needs you, the decision first",
+                  phone.is_visible(need) and phone.evaluate(
+                      "document.documentElement.scrollWidth <= window.innerWidth"))
+            check(f"{person}: hostile text in a decision stays text",
+                  "<script>" in phone.inner_text(need)
+                  and phone.evaluate("window.pwned === undefined"))
+            if approve:
+                phone.screenshot(path=os.path.join(SHOTS, "e2e-needs-you-phone.png"))
+            heard = {}
+
+            def wait_news():
+                heard["body"] = act(url, "news", {"wait": 30, "tasks": True}, asker)
+                heard["at"] = time.monotonic()
+            waiting = threading.Thread(target=wait_news)
+            waiting.start()
+            time.sleep(0.5)                 # the news wait is parked
+            phone.click(f"{need} button:has-text('{'Approve' if approve else 'Decline'}')")
+            if not approve:
+                phone.fill(f"{need} textarea", "not before the release")
+            phone.screenshot(path=os.path.join(SHOTS, f"e2e-decision-{person}-phone.png"))
+            phone.click(f"{need} form button:has-text('{'Approve' if approve else 'Decline'} #')")
+            tapped = time.monotonic()
+            waiting.join(35)
+            news = heard.get("body", {})
+            told = " ".join(message["preview"] for message in news.get("messages", []))
+            word = "approved" if approve else "declined"
+            check(f"{person} {word} in two taps; the agent's news wait heard within 1 s",
+                  heard and heard["at"] - tapped <= 1.0 and f"{person} {word} your task" in told,
+                  (heard.get("at", 0) - tapped, told))
+            if approve:
+                check("approved: the task after it is ready, and news says so",
+                      f"#{after} \"then, ann\" is ready" in told, told)
+            record = act(url, "task", {"id": decision}, asker)["task"].get("decision", {})
+            check(f"{person}'s decision kept: who, the words, through the page",
+                  (record.get("answer"), record.get("by"), record.get("via"))
+                  == (word, person, "web")
+                  and (approve or record.get("words") == "not before the release"), record)
+            check(f"{person} stays signed in on this device",
+                  phone.evaluate("localStorage.getItem('agora-token')") == tokens[person])
+            context.close()
+    finally:
+        log = stop_server(server)
+        receiver.shutdown()
+        receiver.server_close()
+    check("no traceback in the people server's log", "Traceback" not in log, log[-300:])
+
+
 def main():
     """Run the browser session; answer the exit status."""
     from playwright.sync_api import sync_playwright
@@ -320,6 +436,7 @@ def main():
             page.click("#signout")
             check("signing out forgets the token", page.is_visible("#signin") and
                   page.evaluate("sessionStorage.getItem('agora-token')") is None)
+            decisions(browser, work, problems)
             browser.close()
     finally:
         log = stop_server(server)

@@ -559,6 +559,124 @@ def judge_tck(reports):
           "streaming, push, input-required)", outcomes["passed"] > 0)
 
 
+# Notices off the box: a receiver per kind on loopback, checked against each documented
+# shape (ntfy's publish API, Slack's incoming webhook, agora's signed JSON webhook).
+NTFY_PRIORITIES = {"1", "2", "3", "4", "5", "min", "low", "default", "high", "max", "urgent"}
+PEER_TEXT = "<!channel> & <b>see #1</b>"     # Slack markup and HTML a peer might write
+
+
+class Receivers:
+    """Three HTTP receivers on loopback, one per kind of destination; each records what
+    arrives (path, headers, body) and answers 200."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        self.got = {"ntfy": [], "slack": [], "webhook": []}
+        got = self.got
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                got[self.path.strip("/").split("/")[0]].append((self.path, self.headers, body))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def notice_checks(workdir, receivers, url, db, asked):
+    """Check the notice each person's receiver got for what ASKED (kind -> decision id)."""
+    import hashlib
+    import hmac
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(receivers.got.values()):
+        time.sleep(0.5)
+    for kind, got in receivers.got.items():
+        check(f"notices: {kind}: one notice for a decision and direct mail in one window",
+              len(got) == 1, [body[:200] for _, _, body in got])
+    if not receivers.got["ntfy"]:
+        return
+    path, headers, body = receivers.got["ntfy"][0]
+    check("notices: ntfy: published to the topic's path as plain text, within 4,096 bytes",
+          path == "/ntfy/ann-topic" and headers["Content-Type"].startswith("text/plain")
+          and 0 < len(body) <= 4096, (path, headers["Content-Type"], len(body)))
+    check("notices: ntfy: Title, Click (the decision on the page), Priority and Tags headers",
+          headers["Title"] == "2 things need you in agora"
+          and headers["Click"] == f"{url}/#task-{asked['ntfy']}"
+          and headers["Priority"] in NTFY_PRIORITIES
+          and all(tag.strip() for tag in headers["Tags"].split(",")), dict(headers))
+    check("notices: ntfy: a line per thing, peer text attributed and kept as text",
+          body.decode().splitlines() == [f"asker asks you (task #{asked['ntfy']}): "
+                                         "ship it tonight?", f"asker: {PEER_TEXT}"],
+          body.decode())
+    with urllib.request.urlopen(headers["Click"], timeout=10) as page:
+        check("notices: ntfy: its Click link opens the page", page.status == 200
+              and b"Needs you" in page.read(), page.status)
+    if receivers.got["slack"]:
+        _, headers, body = receivers.got["slack"][0]
+        text = json.loads(body).get("text", "")
+        check("notices: slack: a JSON object with a text field", headers["Content-Type"]
+              == "application/json" and set(json.loads(body)) == {"text"}, body[:200])
+        check("notices: slack: peer text escaped (&, <, >), the link in Slack's form",
+              "asker: &lt;!channel&gt; &amp; &lt;b&gt;see #1&lt;/b&gt;" in text
+              and text.endswith(f"<{url}/#task-{asked['slack']}|Open agora>")
+              and "<!channel>" not in text, text)
+    if receivers.got["webhook"]:
+        _, headers, body = receivers.got["webhook"][0]
+        sent = json.loads(body)
+        expected = "sha256=" + hmac.new(b"wes-secret", body, hashlib.sha256).hexdigest()
+        check("notices: webhook: signed with HMAC-SHA256 of the body and notify_secret",
+              hmac.compare_digest(expected, headers.get("X-Agora-Signature", "")),
+              headers.get("X-Agora-Signature"))
+        check("notices: webhook: {id, person, text, link, items, ts}, its id the "
+              "X-Agora-Notice header",
+              set(sent) == {"id", "person", "text", "link", "items", "ts"}
+              and str(sent["id"]) == headers["X-Agora-Notice"] and sent["person"] == "wes"
+              and [item["kind"] for item in sent["items"]] == ["decision", "message"]
+              and all(set(item) == {"kind", "id", "line"} for item in sent["items"]), sent)
+
+
+def notices_scenario(workdir):
+    """Three people, one destination of each kind, each asked a decision and sent mail by
+    an agent; their receivers get one notice each, in the shapes the kinds document. The
+    server runs with its defaults but --notify-private (the receivers are on loopback)."""
+    db = os.path.join(workdir, "notices.db")
+    receivers = Receivers()
+    server, url = start_server(db, "--notify-private")
+    try:
+        destinations = {"ann": f"ntfy:{receivers.base}/ntfy/ann-topic",
+                        "sam": f"slack:{receivers.base}/slack/T000/B000/XXXX",
+                        "wes": f"webhook:{receivers.base}/webhook/agora"}
+        for person, notify in destinations.items():
+            subprocess.run([sys.executable, AGORA, "join", f"name={person}", "person=true",
+                            "--db", db], check=True, capture_output=True)
+            subprocess.run([sys.executable, AGORA, "profile", f"notify={notify}",
+                            "notify_secret=wes-secret", "--as", person, "--db", db],
+                           check=True, capture_output=True)
+        token = mint_token(db, "asker")
+        time.sleep(agora.ON_PAGE + 1)       # none of them is on the page now
+        asked = {}
+        for person, notify in destinations.items():
+            status, body = rest(url, "post_task", {"title": "ship it tonight?", "for": person},
+                                token)
+            asked[notify.partition(":")[0]] = body["id"]
+            rest(url, "post", {"to": person, "body": PEER_TEXT}, token)
+        time.sleep(agora.NOTIFY_EVERY)
+        notice_checks(workdir, receivers, url, db, asked)
+    finally:
+        stop_server(server)
+        receivers.close()
+
+
 def main():
     """Run every interop check; answer the exit status."""
     workdir = tempfile.mkdtemp(prefix="agora-interop-")
@@ -566,6 +684,8 @@ def main():
     home = os.path.join(workdir, "home")
     os.makedirs(home)
     server, url = start_server(db)
+    notices = threading.Thread(target=notices_scenario, args=(workdir,))    # mostly waiting:
+    notices.start()                                                        # beside the rest
     try:
         token = mint_token(db, "sdk")
         for mode, version in (("auto", "2026-07-28"), ("legacy", "2025-11-25"),
@@ -589,6 +709,7 @@ def main():
         check("every client's post landed in the one file",
               {"sdk", "stdio-agent", "inspector"} <= senders, senders)
     finally:
+        notices.join()
         server.terminate()
         server.wait(10)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -721,6 +722,138 @@ def reserve_flood(work):
     check("reserve flood: no traceback in the server log", "Traceback" not in log, log[-300:])
 
 
+class NoticeReceiver:
+    """An ntfy-like receiver on loopback recording (path, notice id, body, when) of each
+    POST; HOLD seconds it waits before answering 200 (a slow receiver), and STARTED is set
+    when a request arrives."""
+
+    def __init__(self, port=0, hold=0.0):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        self.got, self.hold, self.started = [], hold, threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.got.append((self.path, self.headers.get("X-Agora-Notice"),
+                                     body.decode(), time.monotonic()))
+                receiver.started.set()
+                time.sleep(receiver.hold)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                except OSError:
+                    pass                    # its sender is gone (killed mid-send)
+
+            def log_message(self, *args):
+                pass
+        ThreadingHTTPServer.allow_reuse_address = True
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def notices_off_the_box(work):
+    """People told off the box while things go wrong, on a real server with its defaults
+    (but --notify-private: the receiver is on loopback): a receiver that takes 10 s to
+    answer slows no post; 1,000 direct messages in a minute are one notice; a server
+    killed mid-send sends the notice again after its restart, with the same id."""
+    db = os.path.join(work, "notices.db")
+    receiver = NoticeReceiver(hold=9.5)
+    server, port = serve(db, "--notify-private")
+    bob = mint_token(db, "bob")
+    for person in ("ann", "flo"):
+        subprocess.run([sys.executable, AGORA, "join", f"name={person}", "person=true",
+                        "--db", db], check=True, capture_output=True)
+        subprocess.run([sys.executable, AGORA, "profile",
+                        f"notify=ntfy:http://127.0.0.1:{receiver.port}/{person}", "--as",
+                        person, "--db", db], check=True, capture_output=True)
+    before = posts_meanwhile(port, bob, 3)
+    time.sleep(agora.ON_PAGE + 1)                 # neither is on the page now
+    request(port, "POST", "/api/post", {"to": "ann", "body": "first"}, bob)
+    flood = time.monotonic()
+    for i in range(1000):
+        status, _ = request(port, "POST", "/api/post", {"to": "flo", "body": f"dm {i}"}, bob)
+        assert status == 200, status
+    flooded = time.monotonic() - flood
+    receiver.started.wait(agora.NOTIFY_EVERY + 30)
+    during = posts_meanwhile(port, bob, 8)        # while a notice waits 9.5 s for its answer
+    time.sleep(10)
+    check(f"notices: a receiver answering in 9.5 s: {len(during)} posts meanwhile all 200, "
+          f"median {statistics.median(during):.1f} ms (before: {statistics.median(before):.1f})",
+          statistics.median(during) <= max(2 * statistics.median(before),
+                                           statistics.median(before) + 5))
+    flo = [got for got in receiver.got if got[0] == "/flo"]
+    check(f"notices: 1,000 direct messages to flo in {flooded:.0f} s are one notice",
+          len(flo) == 1 and flo[0][2] == "bob: dm 999 (+999 more)",
+          [body[:80] for _, _, body, _ in flo])
+    receiver.started.clear()
+    receiver.hold = 30
+    request(port, "POST", "/api/post", {"to": "ann", "body": "through a crash"}, bob)
+    receiver.started.wait(agora.NOTIFY_EVERY + 30)
+    server.kill()                                 # kill -9 while the notice is being sent
+    server.wait()
+    cut = receiver.got[-1]
+    receiver.hold = 0
+    server, port = serve(db, "--notify-private")
+    deadline = time.monotonic() + 4 * agora.NOTICE_TIMEOUT
+    while len(receiver.got) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    again = receiver.got[3:]
+    check("notices: killed mid-send, after the restart the notice came again with its id",
+          cut[2] == "bob: through a crash" and len(again) == 1 and again[0][1:3] == cut[1:3],
+          (cut[1:3], [got[1:3] for got in again]))
+    ids = [int(got[1]) for got in receiver.got if got[0] == "/ann"]
+    check("notices: ann's notices in order", ids == sorted(ids), ids)
+    log = stop_server(server)
+    receiver.close()
+    check("notices: no traceback in the server log", "Traceback" not in log, log[-300:])
+
+
+def receiver_down(work, minutes=10):
+    """The receiver down for MINUTES, then back: every notice arrives, once per id, in order.
+    The Notifier runs in this process on a real file and a real receiver, its clock moved
+    (agora's backoff grows to an hour: ten minutes of real waiting would prove no more)."""
+    store = agora.Store(os.path.join(work, "down.db"))
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()                                 # nothing listens there: the receiver is down
+    notifier = agora.Notifier(store, "https://agora.example", private=True)
+    now = int(time.time())
+    agora.call(store, "join", {"name": "ann", "person": True}, now=now)
+    agora.call(store, "profile", {"notify": f"ntfy:http://127.0.0.1:{port}/ann"},
+               agora.Caller("ann", True), now=now)
+    start, receiver, sent = now + agora.ON_PAGE + 1, None, 0
+    for clock in range(start, start + 3 * 3600):
+        if clock < start + 60 * minutes and (clock - start) % 30 == 0:
+            agora.call(store, "post", {"to": "ann", "body": f"dm {sent}"},
+                       agora.Caller(f"agent{sent % 3}", True), now=clock)
+            sent += 1
+        if clock == start + 60 * minutes:
+            receiver = NoticeReceiver(port)
+        while notifier.step(clock):
+            pass
+        if receiver and clock > start + 60 * minutes + 3700 and not store.query_one(
+                "SELECT count(*) FROM notices WHERE sent IS NULL")[0]:
+            break
+    made = store.query_one("SELECT count(*) FROM notices")[0]
+    ids = [int(got[1]) for got in (receiver.got if receiver else [])]
+    told = sum(1 + int(more or 0) for got in (receiver.got if receiver else [])
+               for more in re.findall(r"^agent\d: dm \d+(?: \(\+(\d+) more\))?$", got[2], re.M))
+    check(f"notices: the receiver down {minutes} min, then back: all {made} notices, telling "
+          f"of all {sent} messages, arrived once each, in order",
+          ids == list(range(1, made + 1)) and told == sent, (ids, told))
+    if receiver:
+        receiver.close()
+    store.close()
+
+
 def main():
     """Run every stress check; answer the exit status."""
     work = tempfile.mkdtemp(prefix="agora-stress-")
@@ -728,7 +861,7 @@ def main():
     try:
         for run in (claim_races, inbox_drains, kill_nine, fuzz_http, slow_clients, crowds,
                     crowd_of_waiters, admission_flood, failing_log, herd, plan_flood,
-                    reserve_flood):
+                    reserve_flood, receiver_down, notices_off_the_box):
             run(work)
     finally:
         for process in STARTED:
