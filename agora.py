@@ -5217,20 +5217,29 @@ class Notifier:
         self.thread = threading.Thread(target=self._run, name="agora-notifier", daemon=True)
 
     def close(self):
+        """Stop the thread, waiting a moment for it: an attempt under way when the server
+        stops is made again, with its id, once it runs again."""
         self.stop.set()
         if self.thread.is_alive():
-            self.thread.join(NOTICE_TIMEOUT + 1)
+            self.thread.join(1)
 
     def _run(self):
+        """Step each second (at once while notices are due) until closed. A fault of the
+        file is said once while it lasts, a bug reported (fault_refusal), and then tried
+        again: the thread outlives both."""
+        said = None
         while not self.stop.is_set():
+            busy = False
             try:
                 busy = self.step(int(time.time()))
-            except AgoraError as error:         # the file's fault: said, and tried again
-                sys.stderr.write(f"agora: notices wait: {error.text}\n")
-                busy = False
-            except Exception:
-                report_bug("the notifier")
-                busy = False
+                said = None
+            except Exception as error:
+                if repr(error) != said and not self.stop.is_set():
+                    said = repr(error)
+                    refusal = (error if isinstance(error, AgoraError)
+                               else fault_refusal(self.store, "the notifier"))
+                    with contextlib.suppress(OSError):
+                        sys.stderr.write(f"agora: notices wait: {refusal.text}\n")
             self.stop.wait(0 if busy else 1)
 
     def step(self, now):

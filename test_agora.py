@@ -2391,6 +2391,25 @@ class PeopleInTheLoopTest(StoreCase):
         self.assertEqual(self.receiver.got[-1][2], b"bob: two")
         self.assertIsNone(self.ok("brief", who="ann", now=later)["notices_failing"])
 
+    def test_the_thread_outlives_a_failing_file_and_a_bug_saying_each_once(self):
+        failures = [sqlite3.DatabaseError("disk I/O error")] * 3 + [ValueError("a bug")] * 3
+
+        def step(now):
+            if not failures:
+                self.notifier.stop.set()
+                return False
+            raise failures.pop(0)
+        self.notifier.step = step
+        with unittest.mock.patch.object(self.notifier.stop, "wait"), \
+                unittest.mock.patch("sys.stderr", new_callable=io.StringIO) as said:
+            self.notifier._run()
+        lines = [line for line in said.getvalue().splitlines() if line.startswith("agora:")]
+        self.assertEqual(len(lines), 3, lines)          # the fault once, the bug, its report
+        self.assertIn("agora: notices wait: ", lines[0])
+        self.assertNotIn("bug", lines[0])
+        self.assertEqual(lines[1], "agora: a bug in the notifier:")
+        self.assertIn("internal error", lines[2])
+
     def test_a_notice_survives_a_restart_and_a_crash_mid_send(self):
         self.destined()
         now = T0 + ON_PAGE_PAST
