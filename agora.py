@@ -2289,27 +2289,41 @@ def _tell(db, agent, text, now):
 NOTICE_LINE = 120           # characters of one thing a notice tells
 
 
+def told_off_the_box(db, whom, now):
+    """Answer whether WHOM is told off the box now: a person with a destination who is not
+    on the page right now (seen within ON_PAGE), where they are told already."""
+    return db.execute("SELECT 1 FROM agents WHERE name = ? AND person = 1 AND notify IS NOT "
+                      "NULL AND seen <= ?", (whom, now - ON_PAGE)).fetchone() is not None
+
+
 def _tell_person(db, whom, kind, key, line, link, now, topic=None):
     """Put LINE (a KIND of thing, at page fragment LINK) in WHOM's outbox, in the transaction
-    of its cause, when WHOM is a person with a destination and not on the page right now
-    (seen within ON_PAGE): told there already. KEY makes each thing told once; things of
-    one TOPIC (one sender's direct messages) gathering for the same notice are told as one,
-    the newest line kept. At most NOTICE_ITEMS gather for one notice: a flood of posts
-    costs one notice a window, and a bounded outbox."""
-    row = db.execute("SELECT seen FROM agents WHERE name = ? AND person = 1 AND notify IS NOT "
-                     "NULL", (whom,)).fetchone()
-    if row is None or now - row["seen"] < ON_PAGE:
+    of its cause, when WHOM is told off the box (told_off_the_box). KEY makes each thing
+    told once; things of one TOPIC (one sender's direct messages) gathering for the same
+    notice are told as one, the newest line kept. Past NOTICE_ITEMS things gathering for
+    one notice, the rest are counted in one line ("N more on the page"), decisions aside:
+    a flood of posts costs one notice a window and a bounded outbox, and loses no question."""
+    if not told_off_the_box(db, whom, now):
         return
-    line = clip(one_line(line), NOTICE_LINE)
-    if topic is not None and db.execute(
-            "UPDATE notice_items SET count = count + 1, line = ?, link = ? WHERE person = ? "
-            "AND topic = ? AND notice IS NULL", (line, link, whom, topic)).rowcount:
+    gathering = "person = :whom AND topic = :topic AND notice IS NULL"
+    told = {"whom": whom, "key": key, "topic": topic, "kind": kind, "now": now,
+            "line": clip(one_line(line), NOTICE_LINE), "link": link}
+    if kind != "decision" and db.execute(
+            "SELECT count(*) FROM notice_items WHERE person = ? AND notice IS NULL",
+            (whom,)).fetchone()[0] >= NOTICE_ITEMS:
+        told.update(key=f"more:{now}", topic="more", kind="more", line="more", link="#needs")
+    if told["topic"] is not None and db.execute(
+            f"UPDATE notice_items SET count = count + 1, line = :line, link = :link WHERE "
+            f"{gathering}", told).rowcount:
         return
     db.execute("INSERT OR IGNORE INTO notice_items (person, key, topic, kind, line, link, at) "
-               "SELECT :whom, :key, :topic, :kind, :line, :link, :now WHERE (SELECT count(*) "
-               "FROM notice_items WHERE person = :whom AND notice IS NULL) < :most",
-               {"whom": whom, "key": key, "topic": topic, "kind": kind, "line": line,
-                "link": link, "now": now, "most": NOTICE_ITEMS})
+               "VALUES (:whom, :key, :topic, :kind, :line, :link, :now)", told)
+
+
+def _untell(db, key):
+    """Take back from every outbox the thing KEY not yet sent (a decision cancelled or
+    handed to another)."""
+    db.execute("DELETE FROM notice_items WHERE key = ? AND notice IS NULL", (key,))
 
 
 def _digest(channel, body, reply_to):
@@ -2899,16 +2913,33 @@ def op_brief(store, caller, args, now):
                    "notes_changed": changed, "hint": hint}, "\n".join(lines))
 
 
-NOTIFY_KINDS = ("ntfy", "slack", "webhook")
-NOTIFY_URL = re.compile(r"^(ntfy|slack|webhook):(https?)://([^/?#@\s]+)[^\s]*$")
+NOTIFY_URL = re.compile(r"^(ntfy|slack|webhook):(https?)://[!-~]+$")   # printable ASCII
+
+
+def notify_problem(notify):
+    """Answer what is wrong with destination NOTIFY (kind:URL), or None: a kind agora
+    speaks, an http(s) URL with a host, a port that is one, and no user:password in it."""
+    from urllib.parse import urlsplit
+    if not NOTIFY_URL.match(notify):
+        return "notify is ntfy:URL, slack:URL or webhook:URL, the URL http(s)://HOST/..."
+    parts = urlsplit(notify.partition(":")[2])
+    try:
+        parts.port
+    except ValueError:
+        return "notify's URL has a port that is not one"
+    if not parts.hostname or "@" in parts.netloc:
+        return "notify's URL needs a host, and no user:password (ntfy takes ?auth=...)"
+    return None
 
 
 def destination(notify):
     """Answer NOTIFY (kind:URL) as shown to others, kind and host only: the URL is a secret."""
+    from urllib.parse import urlsplit
     if not notify:
         return None
     kind, _, url = notify.partition(":")
-    return f"{kind} {url.split('/')[2]}"
+    parts = urlsplit(url)
+    return f"{kind} {parts.hostname}" + (f":{parts.port}" if parts.port else "")
 
 
 def notices_failing(row):
@@ -2931,9 +2962,8 @@ def op_profile(store, caller, args, now):
     told till. Only the caller's own: an agent never sets another's destination."""
     me, given = caller.name, {key: value for key, value in args.items() if value is not None}
     notify = given.get("notify")
-    if notify and not NOTIFY_URL.match(notify):
-        raise BadRequest("notify is ntfy:URL, slack:URL or webhook:URL, the URL http(s)://HOST/...",
-                         hint="notify=ntfy:https://ntfy.sh/your-topic")
+    if notify and notify_problem(notify):
+        raise BadRequest(notify_problem(notify), hint="notify=ntfy:https://ntfy.sh/your-topic")
     with store.transaction(write=True) as db:
         row = db.execute("SELECT * FROM agents WHERE name = ?", (me,)).fetchone()
         if not row["person"] and {"notify", "notify_secret", "quiet_until"} & set(given):
@@ -2944,8 +2974,8 @@ def op_profile(store, caller, args, now):
             if not _is_person(db, given["works_for"]):
                 raise BadRequest(f"{given['works_for']} is not a person",
                                  hint="agents marks the people here")
-        if (notify or "").startswith("webhook:") and not (given.get("notify_secret")
-                                                          or row["notify_secret"]):
+        if given.get("notify", row["notify"] or "").startswith("webhook:") and not given.get(
+                "notify_secret", row["notify_secret"]):
             raise BadRequest("a webhook's notices are signed: give notify_secret too")
         changes = {key: value if key in ("about", "quiet_until") else value or None
                    for key, value in given.items()}
@@ -3743,6 +3773,7 @@ def op_update_task(store, caller, args, now):
         if args["for"] is not None:
             _require_agent(db, args["for"])
             changes["for_agent"] = args["for"]
+            _untell(db, f"task:{task['id']}")
             _asks(db, caller.name, args["for"], task["id"], changes.get("title", task["title"]),
                   now)
         if args["tags"] is not None:
@@ -3895,10 +3926,13 @@ def _dependents_hear(db, task, me, now):
             text = (f"{_quote(dependent)} is ready: {done} "
                     f"{'is' if len(dependent['after']) == 1 else 'are'} done")
         else:
-            text = (f"{_quote(dependent)} waits for #{task['id']}, which {ended}: "
-                    f"update_task id={dependent['id']} after=... or cancel id={dependent['id']}")
-            _tell_person(db, dependent["poster"], "stuck", f"stuck:{dependent['id']}:{task['id']}",
-                         f"plan stuck: {text.partition(':')[0]}", f"#task-{dependent['id']}", now)
+            stuck = f"{_quote(dependent)} waits for #{task['id']}, which {ended}"
+            text = (f"{stuck}: update_task id={dependent['id']} after=... or cancel "
+                    f"id={dependent['id']}")
+            if dependent["poster"] != task["poster"]:       # who is told it ended, aside
+                _tell_person(db, dependent["poster"], "stuck", f"stuck:{dependent['id']}:"
+                             f"{task['id']}", f"plan stuck: {stuck}", f"#task-{dependent['id']}",
+                             now)
         _tell(db, dependent["poster"], text, now)
     return dependents
 
@@ -3948,13 +3982,14 @@ def op_done(store, caller, args, now):
         task = _change_held(db, args["id"], me, now, "status = ?, result = ?, lease_until = NULL, "
                             "via = ?", state, args["result"] or "",
                             caller.face if decides else None)
-        waiting = _dependents_hear(db, task, me, now)
         if task["poster"] != me:
             ended = task["decision"]["answer"] if decides else state
             said = (f"{me} {ended} your task {_quote(task)}" if decides
                     else f"{me} finished your task {_quote(task)} as {state}")
             said += f": {clip(task['result'], 200)}" if task["result"] else ""
             _tell(db, task["poster"], said, now)
+        waiting = _dependents_hear(db, task, me, now)
+        if task["poster"] != me:
             stuck = (f" (plan stuck: {len(waiting)} wait for it)"
                      if waiting and state == "failed" else "")
             _tell_person(db, task["poster"], ended, f"end:{task['id']}",
@@ -3992,6 +4027,7 @@ def op_cancel(store, caller, args, now):
             raise Conflict(f"task #{row['id']} is already {row['status']}")
         db.execute("UPDATE tasks SET status = 'cancelled', lease_until = NULL, updated = ? "
                    "WHERE id = ?", (now, row["id"]))
+        _untell(db, f"task:{row['id']}")
         task = _task(_find_task(db, row["id"], now))
         if row["status"] == "claimed" and row["owner"] != me:
             _tell(db, row["owner"], f"{me} cancelled task {_quote(task)} that you hold", now)
@@ -5103,31 +5139,39 @@ def overdue_acks(db, now, after):
 
 def silent_agents(db, now, after):
     """Answer what to tell people of agents working for them gone silent holding work: a
-    lease of theirs ran out and nobody took the task, or unseen past AFTER seconds holding
-    tasks or reservations (seen within the day before: those unseen longer were told)."""
-    return [(row["works_for"], "silent", f"silent:{row['name']}:{row['seen']}",
-             f"{row['name']}, who works for you, is silent holding work (seen "
-             f"{age(now - row['seen'])} ago)", f"#agent-{row['name']}") for row in db.execute(
+    lease of theirs ran out and nobody took the task (told once per lease), or unseen past
+    AFTER seconds holding tasks or reservations (once per silence; seen within the day
+    before: those unseen longer were told)."""
+    where = {"now": now, "after": after, "day": GIVE_UP}
+    lapsed = [(row["works_for"], "silent", f"lapsed:{row['id']}:{row['lease_until']}",
+               f"{row['name']}, who works for you, let its lease on {_quote(row)} run out",
+               f"#task-{row['id']}") for row in db.execute(
+        "SELECT a.name, a.works_for, t.id, t.title, t.lease_until FROM tasks t JOIN agents a "
+        "ON a.name = t.owner WHERE a.works_for IS NOT NULL AND t.status = 'claimed' AND "
+        f"{ran_out('lease_until')} AND t.lease_until > :now - :day", where)]
+    return lapsed + [(row["works_for"], "silent", f"silent:{row['name']}:{row['seen']}",
+                      f"{row['name']}, who works for you, is silent holding work (seen "
+                      f"{age(now - row['seen'])} ago)", f"#agent-{row['name']}")
+                     for row in db.execute(
         "SELECT a.name, a.seen, a.works_for FROM agents a WHERE a.works_for IS NOT NULL "
-        "AND a.seen > :now - :after - :day AND (EXISTS (SELECT 1 FROM tasks WHERE owner = "
-        f"a.name AND status = 'claimed' AND {ran_out('lease_until')}) OR a.seen <= :now - "
-        ":after AND (EXISTS (SELECT 1 FROM tasks WHERE owner = a.name AND status = "
-        f"'claimed') OR EXISTS (SELECT 1 FROM reservations WHERE agent = a.name AND "
-        f"{LIVE_RESERVATION})))", {"now": now, "after": after, "day": GIVE_UP})]
+        "AND a.seen <= :now - :after AND a.seen > :now - :after - :day AND (EXISTS (SELECT 1 "
+        "FROM tasks WHERE owner = a.name AND status = 'claimed') OR EXISTS (SELECT 1 FROM "
+        f"reservations WHERE agent = a.name AND {LIVE_RESERVATION}))", where)]
 
 
 def notice_payload(items):
     """Answer one notice of ITEMS (rows of notice_items, oldest first): a title, a line each
-    (one sender's messages as one) up to NOTICE_SHOWN, the link to the first, and every
-    item itself (what a webhook gets)."""
-    lines = [item["line"] + (f" (+{item['count'] - 1} more)" if item["count"] > 1 else "")
-             for item in items]
+    (one sender's messages as one; decisions first) up to NOTICE_SHOWN, the link to the
+    first, and every item itself (what a webhook gets)."""
+    items = sorted(items, key=lambda item: item["kind"] != "decision")     # questions first
+    lines = [f"{item['count']} more on the page" if item["kind"] == "more" else item["line"]
+             + (f" (+{item['count'] - 1} more)" if item["count"] > 1 else "") for item in items]
     things = sum(item["count"] for item in items)
     shown = lines[:NOTICE_SHOWN] + ([f"and {len(lines) - NOTICE_SHOWN} more on the page"]
                                     if len(lines) > NOTICE_SHOWN else [])
     return {"title": f"{things} thing{'s need' if things != 1 else ' needs'} you in agora",
             "lines": shown, "link": items[0]["link"],
-            "items": [{"kind": item["kind"], "id": item["link"].rpartition("-")[2],
+            "items": [{"kind": item["kind"], "id": item["link"].partition("-")[2],
                        "line": line} for item, line in zip(items, lines)]}
 
 
@@ -5148,7 +5192,8 @@ def _reachable(url, private):
         return f"cannot find {parts.hostname}: {error.strerror or error}"
     for info in found:
         address = ipaddress.ip_address(info[4][0].partition("%")[0])
-        if not (address.is_private or address.is_loopback):
+        if not (address.is_private or address.is_loopback) or address.is_link_local \
+                or address.is_unspecified:
             return f"http to {address} is refused: only to a loopback or private address"
     return None
 
@@ -5203,7 +5248,12 @@ class Notifier:
 
     def __init__(self, store, base, every=NOTIFY_EVERY, escalate_after=ESCALATE_AFTER,
                  silent_after=SILENT_AFTER, private=False):
-        import http.client          # what a failed attempt raises
+        import hashlib              # all a send needs, imported while descriptors are to be
+        import hmac                 # had (a full table would fail an import mid-send)
+        import http.client
+        import ipaddress
+        import socket
+        import ssl
         import urllib.request
         self.store, self.base, self.every, self.private = store, base, every, private
         self.escalate_after, self.silent_after = escalate_after, silent_after
@@ -5211,7 +5261,14 @@ class Notifier:
         for handler in (urllib.request.HTTPHandler, urllib.request.HTTPSHandler,
                         urllib.request.HTTPDefaultErrorHandler, urllib.request.HTTPErrorProcessor):
             self.opener.add_handler(handler())
-        self.failures = (OSError, ValueError, http.client.HTTPException)
+        self.failures = (OSError, ValueError, http.client.HTTPException)    # UnicodeError too
+        self.named = ((socket.timeout, f"no answer in {NOTICE_TIMEOUT} s"),
+                      (ssl.SSLCertVerificationError, "TLS certificate not trusted"),
+                      (ssl.SSLError, "TLS failed"), (socket.gaierror, "host not found"),
+                      (ConnectionRefusedError, "connection refused"),
+                      (ConnectionError, "connection lost"),
+                      (http.client.HTTPException, "not an HTTP answer"),
+                      (ValueError, "not a URL agora can send to"))
         self.watched = self.pruned = float("-inf")
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="agora-notifier", daemon=True)
@@ -5261,7 +5318,8 @@ class Notifier:
         with self.store.transaction() as db:
             told = [telling for telling in overdue_acks(db, now, self.escalate_after)
                     + silent_agents(db, now, self.silent_after)
-                    if not db.execute(untold, telling[0:3:2]).fetchone()]
+                    if not db.execute(untold, telling[0:3:2]).fetchone()
+                    and told_off_the_box(db, telling[0], now)]
         prune = now - self.pruned >= 3600
         if not (told or prune):
             return
@@ -5308,28 +5366,58 @@ class Notifier:
                            (now + 2 * NOTICE_TIMEOUT, notice["id"]))
         return notice
 
-    def send(self, notice, now):
-        """Try to deliver NOTICE once, and record how it went."""
-        person = self.store.query_one("SELECT * FROM agents WHERE name = ?", (notice["person"],))
-        error = ("no destination" if not person["notify"]
-                 else _reachable(person["notify"].partition(":")[2], self.private))
-        if error is None:
+    def attempt(self, notice, person):
+        """Deliver NOTICE to PERSON's destination once, within NOTICE_TIMEOUT in all; answer
+        why it failed, told without the URL (an HTTP status, "connection refused"), or None.
+        The attempt runs on a thread of its own, left behind at the deadline: urllib's
+        timeout bounds each read, not the whole (a receiver that trickles)."""
+        outcome = []
+
+        def deliver():
             try:
-                with self.opener.open(notice_request(notice, person, self.base),
-                                      timeout=NOTICE_TIMEOUT) as answer:
-                    answer.read(65536)
+                problem = _reachable(person["notify"].partition(":")[2], self.private)
+                if problem is None:
+                    with self.opener.open(notice_request(notice, person, self.base),
+                                          timeout=NOTICE_TIMEOUT) as answer:
+                        answer.read(65536)
+                outcome.append(problem)
             except self.failures as failure:
-                error = (str(failure.code) if hasattr(failure, "code") and failure.code
-                         else clip(str(getattr(failure, "reason", None) or failure), 100))
+                code = getattr(failure, "code", None)
+                reason = getattr(failure, "reason", failure)
+                outcome.append(str(code) if isinstance(code, int) else next(
+                    (said for kind, said in self.named if isinstance(reason, kind)),
+                    "cannot send"))
+            except Exception:
+                report_bug("a notice's delivery")
+                outcome.append("cannot send (a bug: the server log has it)")
+        try:
+            sending = threading.Thread(target=deliver, name="agora-notice", daemon=True)
+            sending.start()
+        except RuntimeError:                    # no thread to be had: tried again later
+            return "no thread to send with"
+        sending.join(NOTICE_TIMEOUT)
+        return outcome[0] if outcome else f"no answer in {NOTICE_TIMEOUT} s"
+
+    def send(self, notice, now):
+        """Try to deliver NOTICE (taken by next_due) once, and record how it went; the next
+        try counted from the attempt's end. Recorded only while the notice is as taken: an
+        attempt that outlived its lease (another server took it since) changes nothing."""
+        person = self.store.query_one("SELECT * FROM agents WHERE name = ?", (notice["person"],))
+        started = time.monotonic()
+        error = self.attempt(notice, person) if person["notify"] else "no destination"
+        ended = now + round(time.monotonic() - started)
         wait = min(RETRY_FIRST * 2 ** notice["attempts"], RETRY_MOST)
-        final = error is None or not person["notify"] or now + wait - notice["created"] > GIVE_UP
+        final = error is None or not person["notify"] or ended + wait - notice["created"] > GIVE_UP
         with self.store.transaction(write=True) as db:
-            db.execute("UPDATE notices SET due = ?, error = ?, sent = ? WHERE id = ?",
-                       (now + wait, error, now if final else None, notice["id"]))
+            if not db.execute("UPDATE notices SET due = ?, error = ?, sent = ? WHERE id = ? AND "
+                              "sent IS NULL AND attempts = ?",
+                              (ended + wait, error, ended if final else None, notice["id"],
+                               notice["attempts"] + 1)).rowcount:
+                return
             db.execute("UPDATE agents SET notify_failed = CASE WHEN :error IS NULL THEN NULL "
                        "ELSE coalesce(notify_failed, :now) END, notify_error = :error "
-                       "WHERE name = :person AND notify IS NOT NULL", {"error": error, "now": now,
-                                                 "person": notice["person"]})
+                       "WHERE name = :person AND notify IS NOT NULL",
+                       {"error": error, "now": ended, "person": notice["person"]})
 
 
 ###############################################################################
@@ -6203,8 +6291,9 @@ def allowed_hosts(host, port, extra=(), public_url=None):
 
 def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **settings):
     """Answer a bound (not yet serving) HTTP server for STORE: ALLOW_HOSTS adds Host names to
-    answer to; SETTINGS are Server's (quiet, public_url, a2a_guest, a2a_block, the timeouts
-    and max_connections)."""
+    answer to; SETTINGS are Server's (quiet, public_url, a2a_guest, a2a_block, the timeouts,
+    max_connections, and the notices'). Notices link to public_url, else to the address
+    served (on a wildcard address, by the first of ALLOW_HOSTS)."""
     import hashlib          # every request's token is hashed: loaded now, while descriptors
     import heapq            # are to be had, not at the first request; so are what the
     import socket           # Parker keeps its timers with and what a bug's report needs
@@ -6222,7 +6311,8 @@ def make_server(store, host="127.0.0.1", port=DEFAULT_PORT, allow_hosts=(), **se
     server.log = RequestLog(sys.stderr)
     server.parker = Parker(server, server.waiter_capacity())
     threading.Thread(target=server._reap, name="agora-watchdog", daemon=True).start()
-    served = f"http://[{host.strip('[]')}]" if ":" in host else f"http://{host}"
+    named = host if host not in WILDCARD_HOSTS else (list(allow_hosts) or ["127.0.0.1"])[0]
+    served = f"http://[{named.strip('[]')}]" if ":" in named else f"http://{named}"
     server.notifier = Notifier(store, server.public_url or f"{served}:{server.server_address[1]}",
                                server.notify_every, server.escalate_after, server.silent_after,
                                server.notify_private)
@@ -7861,6 +7951,7 @@ let taskLoads = 0;      // so that only the newest of overlapping loads draws
 const finishedTasks = new Map();    // blockers that will never change again
 let poll = null;
 let person = false;     // the signed-in one is a person: tasks for them are decisions
+let signedIn = null;    // the brief signing in answered (a person's is asked again)
 const fresh = {};
 
 const SVG = "http://www.w3.org/2000/svg";
@@ -7918,9 +8009,11 @@ async function signIn(candidate) {
   $("#signin-error").textContent = "";
   if (!token) { $("#signin-error").textContent = "Paste a token first."; return; }
   try {
-    ({agent: me, person} = await api("brief", {}));
+    signedIn = await api("brief", {});
+    ({agent: me, person} = signedIn);
   } catch (error) {
     token = "";
+    if (error.unauthorized) forget();
     $("#signin-error").textContent =
       (error.unauthorized ? "That token was not accepted: " : "") + error.message;
     return;
@@ -7932,22 +8025,36 @@ async function signIn(candidate) {
   $("#app").hidden = false;
   $("#live").className = "on";
   follow(location.hash) || show(tab);
-  loadNeeds();
+  loadNeeds().catch((error) => say(error.message));
   live();
 }
 
-// A notice's link opens its item: #task-N, #message-N (direct mail) or #agent-NAME.
+function forget() {
+  sessionStorage.removeItem("agora-token");
+  localStorage.removeItem("agora-token");
+}
+
+// A notice's link opens its item: #task-N, #message-N (direct mail: its conversation) or
+// #agent-NAME.
 function follow(hash) {
   const [, kind, id] = /^#(task|message|agent)-(.+)$/.exec(hash) || [];
   if (kind === "task") picked = Number(id);
-  if (kind) show({task: "tasks", message: "direct", agent: "team"}[kind]);
+  if (kind === "message")
+    api("message", {id: Number(id)}).then(({message}) => {
+      peer = message.sender === me ? null : message.sender;
+      show("direct");
+    }).catch((error) => say(error.message));
+  else if (kind) show({task: "tasks", agent: "team"}[kind]);
   return Boolean(kind);
 }
 
+// Whether a decision is being answered: its form open, so no redraw takes what is typed.
+const answering = () => [...document.querySelectorAll("form.answer")].some(
+  (form) => form.contains(document.activeElement) || form.querySelector("textarea").value);
+
 function signOut(reason) {
   token = ""; me = "";
-  sessionStorage.removeItem("agora-token");
-  localStorage.removeItem("agora-token");
+  forget();
   if (poll) poll.abort();
   $("#app").hidden = true;
   $("#signin").hidden = false;
@@ -8105,7 +8212,9 @@ function answers(task) {
         await api("done", approve ? {id: task.id, result: words.value}
                                   : {id: task.id, result: words.value, failed: true});
         say((approve ? "approved #" : "declined #") + task.id);
-        loadNeeds(); refresh();
+        form.remove();
+        loadNeeds().catch((error) => say(error.message));
+        refresh();
       } catch (error) { say(error.message); }
     }}, words, el("div", {className: "actions"},
       el("button", {className: approve ? "primary" : "danger"},
@@ -8122,11 +8231,15 @@ function answers(task) {
 
 // What waits for the signed-in one, above every tab: decisions and tasks for them, direct
 // mail come since, acknowledgements, silent agents of theirs, notices that fail.
+// A person's brief is asked again each time; an agent's, once (brief tells it news).
 async function loadNeeds() {
-  const [brief, {agents}] = await Promise.all([api("brief", {}), api("agents", {limit: 200})]);
-  person = brief.person;
+  const [brief, {tasks: open}, {tasks: blocked}, {agents}] = await Promise.all([
+    person ? api("brief", {}) : signedIn, api("tasks", {which: "open", limit: 200}),
+    api("tasks", {which: "blocked", limit: 200}), api("agents", {limit: 200})]);
+  if (answering()) return;
   const now = Date.now() / 1000;
-  const items = brief.for_you.map((task) => el("li", {className: "need", "data-id": task.id},
+  const items = open.concat(blocked).filter((task) => task.for === me).map((task) =>
+    el("li", {className: "need", "data-id": task.id},
     el("div", {className: "title"}, "#" + task.id + " " + task.title),
     el("div", {className: "meta"}, "asked by " + task.poster + " · " + age(task.created) + " ago"),
     task.body ? el("div", {className: "text"}, task.body) : null,
@@ -8141,14 +8254,15 @@ async function loadNeeds() {
     "asked to acknowledge " + brief.acks.asked + " message" + (brief.acks.asked > 1 ? "s" : "")));
   if (brief.acks.awaiting && now - brief.acks.oldest > SILENT)
     items.push(el("li", {className: "need"}, brief.acks.awaiting + " of yours await " +
-                  "acknowledgement, the oldest " + age(brief.acks.oldest)));
+                  "acknowledgement, the oldest " + age(brief.acks.oldest) + " ago"));
   for (const agent of agents)
     if (agent.works_for === me && now - agent.seen > SILENT &&
         (agent.held.length || agent.reserved.length))
       items.push(el("li", {className: "need"}, agent.id + " is silent holding work (seen " +
                     age(agent.seen) + " ago)"));
-  if (brief.notices_failing)
-    items.push(el("li", {className: "need error"}, brief.notices_failing));
+  const mine = agents.find((agent) => agent.id === me);
+  if (mine && mine.notices_failing)
+    items.push(el("li", {className: "need error"}, mine.notices_failing));
   $("#needs").hidden = !items.length;
   $("#needs-list").replaceChildren(...items);
 }
@@ -8305,7 +8419,7 @@ async function loadTasks() {
     known.set(task.id, task);
     if (!["open", "claimed"].includes(task.status)) finishedTasks.set(task.id, task);
   }
-  if (load !== taskLoads || tab !== "tasks") return;      // a newer load, or another tab
+  if (load !== taskLoads || tab !== "tasks" || answering()) return;  // newer, elsewhere, busy
   drawPlan(unfinished, known);
   $("#plan-more").hidden = unfinished.length < 200;
   const tasks = [...known.values()].sort((a, b) => b.id - a.id);

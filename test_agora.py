@@ -2161,17 +2161,19 @@ ON_PAGE_PAST = agora.ON_PAGE + 1     # a person last seen at T0 is off the page 
 
 class Receiver:
     """An HTTP receiver on loopback that records each POST (path, headers, body) and answers
-    STATUS (settable): ntfy, Slack or a webhook, as far as a notice can tell."""
+    STATUS, HOLD seconds later (both settable): ntfy, Slack or a webhook, as far as a notice
+    can tell."""
 
     def __init__(self, case, status=200):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-        self.got, self.status = [], status
+        self.got, self.status, self.hold = [], status, 0
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 receiver.got.append((self.path, dict(self.headers), body))
+                time.sleep(receiver.hold)
                 self.send_response(receiver.status)
                 if 300 <= receiver.status < 400:
                     self.send_header("Location", "http://127.0.0.1:1/elsewhere")
@@ -2260,14 +2262,20 @@ class PeopleInTheLoopTest(StoreCase):
         self.destined()
         now = T0 + ON_PAGE_PAST
         for i in range(agora.NOTICE_ITEMS + 50):
-            self.ok("post_task", who="bob", title=f"decide {i}", now=now, **{"for": "ann"})
+            self.ok("post", who=f"agent{i}", to="ann", body=f"hello {i}", now=now)
+        decision = self.ok("post_task", who="bob", title="go?", now=now, **{"for": "ann"})
         self.steps(now, now + 62)
         [(_, headers, body)] = self.receiver.got
-        self.assertEqual(headers["Title"], f"{agora.NOTICE_ITEMS} things need you in agora")
+        self.assertEqual(headers["Title"], f"{agora.NOTICE_ITEMS + 51} things need you in agora")
+        self.assertEqual(headers["Click"], f"https://agora.example/#task-{decision['id']}")
         lines = body.decode().splitlines()
-        self.assertEqual(lines[-1], f"and {agora.NOTICE_ITEMS - 10} more on the page")
+        self.assertEqual(lines[0], f"bob asks you (task #{decision['id']}): go?")  # kept, first
+        self.assertEqual(lines[1:3], ["agent0: hello 0", "agent1: hello 1"])
+        self.assertEqual(lines[-1], f"and {agora.NOTICE_ITEMS + 2 - 10} more on the page")
         self.assertEqual(len(lines), 11)
         self.assertLessEqual(len(body), 4096)           # what ntfy takes as a message
+        self.assertEqual(self.store.query_one("SELECT count FROM notice_items WHERE kind = "
+                                              "'more'")[0], 50)
 
     def test_an_agents_answer_to_a_task_for_it_is_no_decision(self):
         task = self.ok("post_task", who="bob", title="look", **{"for": "carol"})
@@ -2391,6 +2399,58 @@ class PeopleInTheLoopTest(StoreCase):
         self.assertEqual(self.receiver.got[-1][2], b"bob: two")
         self.assertIsNone(self.ok("brief", who="ann", now=later)["notices_failing"])
 
+    def test_a_destination_is_checked_shown_by_host_and_its_failures_named_without_it(self):
+        for bad in ("ntfy:https://user:pw@ntfy.example/t", "ntfy:https://ntfy.example:99999/t",
+                    "ntfy:https://ntfy.example/t\x01", "ntfy:https://ntfé.example/t",
+                    "ntfy:https:///t"):
+            self.refused(400, "profile", who="ann", notify=bad)
+        self.ok("profile", who="ann", notify="ntfy:https://ntfy.example:8443/t?auth=tk_SECRET")
+        self.assertEqual(self.ok("profile", who="ann")["notify"], "ntfy ntfy.example:8443")
+        self.ok("profile", who="ann", notify="webhook:https://h.example/x", notify_secret="s")
+        self.refused(400, "profile", who="ann", notify_secret="")      # never unsigned
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()                                   # nothing listens: refused
+        self.ok("profile", who="ann", notify=f"ntfy:http://127.0.0.1:{port}/SECRET-TOPIC")
+        now = T0 + ON_PAGE_PAST
+        self.ok("post", who="bob", to="ann", body="hi", now=now)
+        self.steps(now, now + 61)
+        failing = self.ok("agents", who="bob", now=now + 61)["agents"]
+        shown = next(agent for agent in failing if agent["id"] == "ann")["notices_failing"]
+        self.assertTrue(shown.endswith(": connection refused"), shown)
+        self.assertNotIn("SECRET", json.dumps(failing))
+
+    def test_an_attempt_ends_at_its_deadline_and_one_outlived_records_nothing(self):
+        self.destined()
+        self.receiver.hold = 3                          # answers after the deadline
+        now = T0 + ON_PAGE_PAST
+        self.ok("post", who="bob", to="ann", body="slow", now=now)
+        self.notifier.gather(now + 60)
+        taken = self.notifier.next_due(now + 60)
+        other = agora.Notifier(self.store, "https://agora.example", private=True)
+        again = other.next_due(now + 60 + 2 * agora.NOTICE_TIMEOUT)      # its lease ran out
+        with unittest.mock.patch.object(agora, "NOTICE_TIMEOUT", 1):
+            began = time.monotonic()
+            self.notifier.send(taken, now + 60)         # late: recorded by nobody
+            self.assertLess(time.monotonic() - began, 2.5)
+        row = self.store.query_one("SELECT attempts, sent, error FROM notices")
+        self.assertEqual(tuple(row), (2, None, None))
+        self.receiver.hold = 0
+        other.send(again, now + 81)
+        self.assertEqual(self.store.query_one("SELECT sent FROM notices")[0], now + 81)
+
+    def test_a_decision_taken_back_is_not_told(self):
+        self.destined()
+        now = T0 + ON_PAGE_PAST
+        gone = self.ok("post_task", who="bob", title="cancelled", now=now, **{"for": "ann"})
+        moved = self.ok("post_task", who="bob", title="for carol now", now=now, **{"for": "ann"})
+        self.ok("cancel", who="bob", id=gone["id"], now=now)
+        self.ok("update_task", who="bob", id=moved["id"], now=now, **{"for": "carol"})
+        self.ok("post", who="bob", to="ann", body="still told", now=now)
+        self.steps(now, now + 62)
+        self.assertEqual([body for _, _, body in self.receiver.got], [b"bob: still told"])
+
     def test_the_thread_outlives_a_failing_file_and_a_bug_saying_each_once(self):
         failures = [sqlite3.DatabaseError("disk I/O error")] * 3 + [ValueError("a bug")] * 3
 
@@ -2450,12 +2510,28 @@ class PeopleInTheLoopTest(StoreCase):
         self.steps(now, now + agora.ESCALATE_AFTER + 200, every=10)
         lines = [body.decode() for _, _, body in self.receiver.got]
         told = "\n".join(lines)
-        silent = [when for when, line in zip(self.times, lines) if "is silent" in line]
-        self.assertLess(silent[0], now + agora.SILENT_AFTER)      # at its lease's end
+        lapsed = [when for when, line in zip(self.times, lines) if "let its lease" in line]
+        self.assertLess(lapsed[0], now + agora.SILENT_AFTER)      # at its lease's end
         self.assertIn(f"carol has not acknowledged bob's message #{message['id']}", told)
-        self.assertIn("bob, who works for you, is silent holding work", told)
+        self.assertIn(f'bob, who works for you, let its lease on #{task["id"]} "index it" run '
+                      "out", told)
+        self.assertIn("bob, who works for you, is silent holding work (seen 30m ago)", told)
         self.assertEqual(told.count("has not acknowledged"), 1)
+        self.assertEqual(told.count("let its lease"), 1)
         self.assertEqual(told.count("is silent"), 1)
+
+    def test_a_busy_agent_whose_lease_ran_out_is_told_of_once(self):
+        self.destined()
+        self.ok("profile", who="bob", works_for="ann")
+        now = T0 + ON_PAGE_PAST
+        task = self.ok("post_task", who="carol", title="index it", now=now)
+        self.ok("claim", who="bob", id=task["id"], lease=60, now=now)
+        for at in range(now, now + 900, 30):
+            self.ok("brief", who="bob", now=at)            # busy, seen each time
+            self.steps(at, at + 30)
+        told = "\n".join(body.decode() for _, _, body in self.receiver.got)
+        self.assertEqual(told.count("let its lease"), 1)
+        self.assertNotIn("is silent", told)
 
 
 class OwnTasksTest(StoreCase):
