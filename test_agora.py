@@ -2161,12 +2161,12 @@ ON_PAGE_PAST = agora.ON_PAGE + 1     # a person last seen at T0 is off the page 
 
 class Receiver:
     """An HTTP receiver on loopback that records each POST (path, headers, body) and answers
-    STATUS, HOLD seconds later (both settable): ntfy, Slack or a webhook, as far as a notice
-    can tell."""
+    STATUS, HOLD seconds later, its first TRICKLE bytes 0.3 s apart (all settable): ntfy,
+    Slack or a webhook, as far as a notice can tell."""
 
     def __init__(self, case, status=200):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-        self.got, self.status, self.hold = [], status, 0
+        self.got, self.status, self.hold, self.trickle = [], status, 0, 0
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -2174,6 +2174,11 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 receiver.got.append((self.path, dict(self.headers), body))
                 time.sleep(receiver.hold)
+                for byte in b"HTTP/1.1 200 OK\r\nX-Slow: ..."[:receiver.trickle]:
+                    with contextlib.suppress(OSError):      # a byte at a time, each in time
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                    time.sleep(0.3)
                 self.send_response(receiver.status)
                 if 300 <= receiver.status < 400:
                     self.send_header("Location", "http://127.0.0.1:1/elsewhere")
@@ -2423,7 +2428,7 @@ class PeopleInTheLoopTest(StoreCase):
 
     def test_an_attempt_ends_at_its_deadline_and_one_outlived_records_nothing(self):
         self.destined()
-        self.receiver.hold = 3                          # answers after the deadline
+        self.receiver.trickle = 10                      # each byte in time, the whole not
         now = T0 + ON_PAGE_PAST
         self.ok("post", who="bob", to="ann", body="slow", now=now)
         self.notifier.gather(now + 60)
@@ -2436,7 +2441,7 @@ class PeopleInTheLoopTest(StoreCase):
             self.assertLess(time.monotonic() - began, 2.5)
         row = self.store.query_one("SELECT attempts, sent, error FROM notices")
         self.assertEqual(tuple(row), (2, None, None))
-        self.receiver.hold = 0
+        self.receiver.trickle = 0
         other.send(again, now + 81)
         self.assertEqual(self.store.query_one("SELECT sent FROM notices")[0], now + 81)
 
