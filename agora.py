@@ -108,6 +108,8 @@ NOTICE_TIMEOUT = 10         # seconds one attempt to deliver a notice may take
 RETRY_FIRST, RETRY_MOST = 5, 3600   # seconds between attempts: doubling from, up to
 GIVE_UP = 86400             # seconds a notice is tried before it is given up (and shown)
 NOTICE_ITEMS = 100          # things one person's outbox gathers for one notice at most
+EDITING = 600               # seconds an agent's edit of a path is told to the next editor
+MARK_EVERY = 60             # seconds between two writes of one agent's mark on one path
 
 SLUG = r"^[a-z0-9._-]{1,48}$"
 CHANNEL_OR_MAILBOX = r"^@?[a-z0-9._-]{1,48}$"
@@ -126,7 +128,7 @@ PATTERN_RULES = {
     PAGE_TOKEN: "a page token this server gave",
 }
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 NEWEST_MESSAGE = "SELECT coalesce(max(id), 0) FROM messages"
 NEWEST_READY = "SELECT value FROM counters WHERE name = 'ready'"
 MARKS = f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})"     # what a waiter watches
@@ -407,6 +409,27 @@ CREATE TABLE notices (
     sent INTEGER
 );
 CREATE INDEX notices_unsent ON notices (person, id) WHERE sent IS NULL;
+""",
+    # While editing: an agent's mark on a path it went ahead editing (at: when, written at
+    # most once a MARK_EVERY), and which editor and earlier editor of a path were told of
+    # each other (at: when; once a window per pair, either way round, and path).
+    13: """
+CREATE TABLE edits (
+    project TEXT NOT NULL,
+    path TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    PRIMARY KEY (project, path, agent)
+) WITHOUT ROWID;
+CREATE INDEX edits_by_agent ON edits (agent, at);
+CREATE TABLE edit_warnings (
+    project TEXT NOT NULL,
+    path TEXT NOT NULL,
+    editor TEXT NOT NULL,
+    earlier TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    PRIMARY KEY (project, path, editor, earlier)
+) WITHOUT ROWID;
 """,
 }
 
@@ -726,6 +749,7 @@ class Store:
         self._tokens, self._tokens_mark, self._tokens_looked = {}, None, float("-inf")
         self.token_marker = os.path.realpath(path) + "-tokens"
         self.writer = None          # a server's Writer: its writes run on that one thread
+        self.editing = EDITING      # seconds an edit is told to the next editor (serve --editing)
         self._closed = False
         private_file(path)
         con = self.connect()
@@ -2048,8 +2072,10 @@ class Operation(namedtuple("Operation",
                            "name summary schema readonly open hidden runs waits retry handler")):
     """One catalog entry: every face (REST, MCP, CLI, A2A) is derived from these.
 
-    A HIDDEN operation is one a face is built on rather than one it offers: call()
-    serves it like any other, but it is left out of every listing (public_operations).
+    A HIDDEN operation is one some faces are built on rather than one they offer: HIDDEN
+    names those faces (A2A on own_tasks and follow_up; the edit hook, over REST or on the
+    file, on edit), call() serves it to them like any other, and it is left out of every
+    listing (public_operations).
     RUNS says where it runs: AS_READ when READONLY, else ON_WRITER, or OWN_TURN for one
     that must not hold up the writer (reserve and update_task work out at length what
     they will write; join's token rotation holds the token marker until its commit).
@@ -2078,7 +2104,7 @@ CATALOG = {}
 
 
 def operation(name, summary, properties=None, required=(), readonly=False, open=False,
-              hidden=False, runs=None, waits=None, retry=RETRY_AFTER_UNKNOWN):
+              hidden=(), runs=None, waits=None, retry=RETRY_AFTER_UNKNOWN):
     """Register the decorated handler as operation NAME in the catalog (RETRY: what
     doing a write again does when its outcome is unknown)."""
     schema = {"type": "object", "properties": properties or {}, "additionalProperties": False}
@@ -2098,12 +2124,12 @@ def public_operations():
     return [op for op in CATALOG.values() if not op.hidden]
 
 
-def offered(name, hidden=False):
-    """Answer the operation NAME if a face may run it, else None: the one decision of
-    which operations a face offers. Every face offers the public ones; a face built
-    on hidden ones (A2A, on own_tasks and follow_up) says HIDDEN and may run those too."""
+def offered(name, face=None):
+    """Answer the operation NAME if FACE may run it, else None: the one decision of which
+    operations a face offers. Every face offers the public ones; a hidden one only the
+    faces built on it (Operation.hidden)."""
     op = CATALOG.get(name) if isinstance(name, str) else None
-    return op if op is not None and (hidden or not op.hidden) else None
+    return op if op is not None and (not op.hidden or face in op.hidden) else None
 
 
 def _described(rule, description, default):
@@ -2712,6 +2738,7 @@ def _reservation_line(reservation, now):
 
 
 LIVE_RESERVATION = still_running("expires")
+LIVE_MARK = "at > :now - :window"   # an edit's mark lapses after the window (Store.editing)
 
 
 def others_reservations(db, project, me, now):
@@ -2837,7 +2864,7 @@ def acks_lines(acks, now):
     return lines
 
 
-@operation("brief", "Start here, and whenever you wake: unread, what you hold, ready tasks, "
+@operation("brief", "Start here, and when you wake: unread, what you hold, ready tasks, "
            "people, notes changed.",
            {"status": _string(0, 200, "what you are doing")}, retry=RETRY_SAFE)
 def op_brief(store, caller, args, now):
@@ -3019,6 +3046,9 @@ def _agent_line(agent, now, unread):
     if agent["reserved"]:
         line += " · reserved " + ", ".join(
             r["path"] + (f" in {r['project']}" if r["project"] else "") for r in agent["reserved"])
+    if agent["editing"]:
+        line += " · editing " + ", ".join(f"{clip(m['path'], 80)}, {age(now - m['at'])}"
+                                          for m in agent["editing"])
     if agent["about"]:
         line += f" — {clip(agent['about'], 100)}"
     return line
@@ -3027,19 +3057,22 @@ def _agent_line(agent, now, unread):
 @operation("agents", "Who is here, people too: status, last seen, tasks held, paths "
            "reserved.", {"limit": LIMIT}, readonly=True)
 def op_agents(store, caller, args, now):
-    """List agents, most recently seen first, each with what it holds and reserves (up to
-    AGENT_ITEMS of each); the caller's own record also counts its unread messages."""
+    """List agents, most recently seen first, each with what it holds, reserves and edits
+    (up to AGENT_ITEMS of each); the caller's own record also counts its unread messages."""
     held_sql = f"SELECT id, title, lease_until FROM tasks WHERE {HELD_BY} LIMIT :items"
     reserved_sql = f"{RESERVED_BY} LIMIT :items"
+    editing_sql = (f"SELECT project, path, at FROM edits WHERE agent = :me AND {LIVE_MARK} "
+                   "ORDER BY at DESC LIMIT :items")
     agents, unread = [], None
     with store.transaction() as db:
         for row in db.execute("SELECT * FROM agents WHERE name != ? ORDER BY seen DESC, name "
                               "LIMIT ?", (SYSTEM_SENDER, args["limit"])).fetchall():
-            where = {"me": row["name"], "now": now, "items": AGENT_ITEMS}
+            where = {"me": row["name"], "now": now, "items": AGENT_ITEMS, "window": store.editing}
             agent = {"id": row["name"], "about": row["about"], "status": row["status"],
                      "person": bool(row["person"]), "created": row["created"], "seen": row["seen"],
                      "held": [dict(task) for task in db.execute(held_sql, where)],
                      "reserved": [_reservation(r) for r in db.execute(reserved_sql, where)],
+                     "editing": [dict(m) for m in db.execute(editing_sql, where)],
                      "works_for": row["works_for"]}
             if row["person"]:
                 agent.update(notify=destination(row["notify"]),
@@ -3093,7 +3126,7 @@ def _require_channel(db, name):
         raise NotFound(f"no channel {name}", hint="channels lists them")
 
 
-@operation("follow", "Start reading a channel: from now, or from where you stopped "
+@operation("follow", "Start reading a channel: from now, or where you stopped "
            "before.", {"channel": NAME}, required=["channel"], retry=RETRY_SAFE)
 def op_follow(store, caller, args, now):
     """Make the caller follow a channel."""
@@ -3132,7 +3165,7 @@ SAME_POST = ("sender = :sender AND digest = :digest AND ts >= :since AND channel
              "AND body = :body AND reply_to IS :reply_to AND asks_ack IS :asks_ack")
 
 
-@operation("post", "Post to a channel (default public); with to=AGENT, direct mail. "
+@operation("post", "Post to a channel; with to=AGENT, direct mail. "
            f"A repeat within {DEDUP_SECONDS} s is stored once.",
            {"body": MESSAGE_BODY,
             "channel": _string(description="default public",
@@ -3714,7 +3747,7 @@ def _asks(db, poster, whom, task_id, title, now):
 
 
 @operation("post_task", "Post a task; after: it waits for those; for: only they take it (a "
-           "person's: a decision you need; news wait=60 tasks=true brings it).",
+           "person's: a decision; news wait=60 tasks=true brings it).",
            {"title": _string(1, 200), "body": LONG_TEXT, "tags": TAGS, "priority": PRIORITY,
             "after": AFTER, "for": NAME},
            required=["title"],
@@ -3881,7 +3914,7 @@ def _take(db, task, me, lease_until, now):
 
 
 @operation("claim", "Take a task under a lease: the given id, or the best ready one "
-           "(with a tag if given). One claimer wins.",
+           "(of the tag, if given). One claimer wins.",
            {"id": ID, "tag": NAME, "lease": LEASE},
            retry="claim it again by id: if the first took, the answer says you hold it")
 def op_claim(store, caller, args, now):
@@ -4050,7 +4083,7 @@ def _own_task_record(row):
             "ids": {"type": "array", "items": ID, "maxItems": 1000},
             "since": {"type": "integer", "minimum": 0}, "page": _string(pattern=PAGE_TOKEN),
             "limit": _integer(1, 100, default=50)},
-           readonly=True, hidden=True)
+           readonly=True, hidden=("a2a",))
 def op_own_tasks(store, caller, args, now):
     """Answer the caller's own tasks, as faces that follow them (A2A) see them: one by ID
     (not found unless the caller posted it), or a page in STATE, among IDS, changed since
@@ -4081,7 +4114,7 @@ def op_own_tasks(store, caller, args, now):
 
 
 @operation("follow_up", "Add to a task you posted: its holder, if one holds it, hears it.",
-           {"id": ID, "body": MESSAGE_BODY}, required=["id", "body"], hidden=True,
+           {"id": ID, "body": MESSAGE_BODY}, required=["id", "body"], hidden=("a2a",),
            retry="look at the task first: adding it again says it twice")
 def op_follow_up(store, caller, args, now):
     """Send the holder of a task the caller posted a message about it (an open task has
@@ -4201,7 +4234,7 @@ PATTERNS = {"type": "array", "items": _string(1, 300), "maxItems": MAX_PATTERNS,
             "description": "globs, e.g. src/parser/** or docs/"}
 
 
-@operation("reserve", "Reserve a project's paths so other agents keep off them: all or "
+@operation("reserve", "Reserve a project's paths so others keep off them: all or "
            "none; renews yours.",
            {"paths": PATTERNS, "project": PROJECT_NAME,
             "lease": _integer(1, 86400, "seconds", default=3600),
@@ -4257,14 +4290,27 @@ def op_reserve(store, caller, args, now):
         _reservation_line(reservation, now) for reservation in granted))
 
 
-@operation("reservations", "Who holds which paths of a project, how and why; with paths, "
-           "what keeps you off them.",
-           {"project": PROJECT_NAME, "mine": FLAG, "limit": LIMIT,
-            "paths": {"type": "array", "items": _string(1, 4096), "maxItems": MAX_PATTERNS}},
-           readonly=True)
+PLAIN_PATHS = {"type": "array", "items": _string(1, 4096), "maxItems": MAX_PATTERNS}
+
+
+@operation("reservations", "Who holds a project's paths, how and why; paths: what keeps "
+           "you off them; editing: who edits what.",
+           {"project": PROJECT_NAME, "mine": FLAG, "limit": LIMIT, "paths": PLAIN_PATHS,
+            "editing": FLAG}, readonly=True)
 def op_reservations(store, caller, args, now):
     """List the live reservations of one project, up to LIMIT; with PATHS (plain paths,
-    as git stages them), the others' reservations that keep the caller off them."""
+    as git stages them), the others' reservations that keep the caller off them; with
+    EDITING, the live marks of who edits what (op_edit) instead."""
+    if args["editing"]:
+        with store.transaction() as db:
+            marks = [dict(row) for row in db.execute(
+                f"SELECT agent, project, path, at FROM edits WHERE project = :project AND "
+                f"{LIVE_MARK} ORDER BY at DESC, path LIMIT :limit",
+                {"project": args["project"], "now": now, "window": store.editing,
+                 "limit": args["limit"] + 1})]
+        return Result({"editing": marks[:args["limit"]]}, listing(
+            [f"{one_line(m['path'])}: {m['agent']} editing, {age(now - m['at'])} ago"
+             for m in marks], args["limit"], "nobody is editing"))
     if args["paths"]:
         with store.transaction() as db:
             theirs = sorted(others_reservations(db, args["project"], caller.name, now),
@@ -4287,7 +4333,7 @@ def op_reservations(store, caller, args, now):
         [_reservation_line(r, now) for r in held], args["limit"], "no reservations"))
 
 
-@operation("unreserve", "Give back your reservations of those paths, or all of yours in "
+@operation("unreserve", "Give back your reservations of those paths, or all yours in "
            "the project.", {"paths": PATTERNS, "project": PROJECT_NAME}, retry=RETRY_SAFE)
 def op_unreserve(store, caller, args, now):
     """Delete the caller's reservations of PATHS (or all of them) in a project."""
@@ -4300,6 +4346,87 @@ def op_unreserve(store, caller, args, now):
         released = db.execute(f"DELETE FROM reservations WHERE {where}", params).rowcount
     return Result({"released": released},
                   f"released {released} reservation{'s' if released != 1 else ''}")
+
+
+# While editing: the hooks' check before each edit -----------------------------
+
+def edit_path(text):
+    """Answer TEXT, a path an edit writes (relative, '/'-separated; '*' a character), or
+    raise BadRequest."""
+    if (text.startswith("/") or any(part in ("", ".", "..") for part in text.split("/"))
+            or re.search(r"[\x00-\x1f\x7f\\]", text)):
+        raise BadRequest(f"paths must each be a relative path without empty, . or .. parts "
+                         f"(got {text!r:.60})")
+    return text
+
+
+@operation("edit", "Before an edit of these paths: what keeps you off them, and who edited "
+           "them lately; marks them yours.",
+           {"project": PROJECT_NAME, "paths": PLAIN_PATHS, "mark": {"type": "boolean",
+                                                                    "default": True}},
+           required=["paths"], hidden=("rest", "cli"), runs=OWN_TURN, retry=RETRY_SAFE)
+def op_edit(store, caller, args, now):
+    """Answer whether the caller may edit PATHS and what it must hear first (lines).
+
+    Another agent's live exclusive reservation of a path refuses the edit, and nothing is
+    written. Otherwise the edit goes ahead: each path gets the caller's mark (written only
+    when it is older than MARK_EVERY), and every other agent whose live mark is on one
+    hears that the caller edits it, and the caller hears of them, once a window per pair
+    and path: the warning's own upsert decides, so two hooks at once tell it once. A mark
+    never refuses anything. Without MARK (a client that tells its model only after the
+    edit asks again then) the reservations alone are looked at."""
+    me, project = caller.name, args["project"]
+    paths = sorted({edit_path(path) for path in args["paths"]})
+    if not paths:
+        raise BadRequest("paths must name at least one path")
+    where = dict({f"p{n}": path for n, path in enumerate(paths)}, project=project, me=me,
+                 now=now, window=store.editing)
+    listed = ",".join(f":p{n}" for n in range(len(paths)))
+    with store.transaction() as db:
+        theirs = sorted(others_reservations(db, project, me, now),
+                        key=lambda other: (other["path"], other["agent"]))
+        marks = db.execute(f"SELECT path, agent, at FROM edits WHERE project = :project AND "
+                           f"path IN ({listed}) AND {LIVE_MARK}", where).fetchall()
+        told = {tuple(row) for row in db.execute(
+            "SELECT path, CASE editor WHEN :me THEN earlier ELSE editor END FROM edit_warnings "
+            f"WHERE project = :project AND path IN ({listed}) AND :me IN (editor, earlier) "
+            f"AND {LIVE_MARK}", where)}
+    hits = reservation_conflicts(paths, False, theirs, plain=True)
+    if hits:
+        lines = [f"{clip(path, 200)} is reserved by {other['agent']} for "
+                 f"{age(other['expires'] - now)}"
+                 + (f" ({one_line(other['reason'])})" if other["reason"] else "")
+                 + f": leave it, or ask {other['agent']} (post to={other['agent']})"
+                 for path, other in hits]
+        return Result({"refuse": True, "lines": lines, "edited": [], "reserved": [
+            dict({key: other[key] for key in CONFLICT_FIELDS}, given=path)
+            for path, other in hits]}, "\n".join(lines))
+    fresh = {path for path, agent, at in marks if agent == me and at > now - MARK_EVERY}
+    earlier = [(path, agent, at) for path, agent, at in marks
+               if agent != me and (path, agent) not in told]
+    edited = []
+    if args["mark"] and (earlier or len(fresh) < len(paths)):
+        in_project = f" in {project}" if project else ""
+        with store.transaction(write=True) as db:
+            db.executemany("INSERT INTO edits (project, path, agent, at) VALUES (?, ?, ?, ?) "
+                           "ON CONFLICT (project, path, agent) DO UPDATE SET at = excluded.at",
+                           [(project, path, me, now) for path in paths if path not in fresh])
+            db.execute(f"DELETE FROM edits WHERE agent = :me AND NOT {LIVE_MARK}", where)
+            db.execute(f"DELETE FROM edit_warnings WHERE project = :project AND path IN "
+                       f"({listed}) AND NOT {LIVE_MARK}", where)
+            for path, agent, at in earlier:
+                if db.execute(
+                        "INSERT INTO edit_warnings (project, path, editor, earlier, at) VALUES "
+                        "(:project, :path, :me, :earlier, :now) ON CONFLICT (project, path, "
+                        f"editor, earlier) DO UPDATE SET at = excluded.at WHERE NOT {LIVE_MARK}",
+                        dict(where, path=path, earlier=agent)).rowcount:
+                    _tell(db, agent, f"{me} is editing {clip(path, 200)}{in_project}, which you "
+                                     f"edited {age(now - at)} ago", now)
+                    edited.append({"agent": agent, "path": path, "at": at})
+    lines = [f"{e['agent']} edited {clip(e['path'], 200)} {age(now - e['at'])} ago: tell "
+             f"{e['agent']} before you change it (post to={e['agent']})" for e in edited]
+    return Result({"refuse": False, "lines": lines, "edited": edited, "reserved": []},
+                  "\n".join(lines) or NOTHING_RESERVED)
 
 
 ###############################################################################
@@ -4426,15 +4553,14 @@ def bearer_caller(store, authorization, line=None, face="rest"):
                   face)
 
 
-def call(store, name, args=None, caller=OPERATOR, now=None, hidden=False):
+def call(store, name, args=None, caller=OPERATOR, now=None, face=None):
     """Run operation NAME for CALLER and answer its Result; a refusal raises AgoraError.
 
-    The one entrance of every face: it finds the operation the face may run (HIDDEN: hidden
-    ones too), admits the caller, validates the arguments and runs the handler; an
+    The one entrance of every face: it finds the operation FACE may run (offered), admits the caller, validates the arguments and runs the handler; an
     unexpected exception becomes an InternalError, its traceback on stderr."""
     now = int(time.time()) if now is None else now
     with bugs_refused(store, name):
-        op = offered(name, hidden)
+        op = offered(name, face)
         if op is None:
             raise NotFound(f"no operation {str(name)!r:.60}", hint="ops lists them")
         admit(store, op, caller, now)
@@ -5014,7 +5140,7 @@ class A2AEndpoint(RpcEndpoint):
         if request.method not in self.METHODS:
             raise RpcError(-32601, f"Method not found: {request.method[:60]}")
         # who may ask is the catalog's rule, said before any parameter is looked at
-        admit(self.store, offered("own_tasks", hidden=True), self.caller, int(time.time()))
+        admit(self.store, offered("own_tasks", "a2a"), self.caller, int(time.time()))
         handler = getattr(self, self.METHODS[request.method])
         try:
             return handler(_camel_case(request.params), _a2a_era(request))
@@ -5023,7 +5149,7 @@ class A2AEndpoint(RpcEndpoint):
 
     def run(self, name, args):
         """Answer the JSON body of operation NAME run for the caller (hidden ones too)."""
-        return call(self.store, name, args, self.caller, hidden=True).body
+        return call(self.store, name, args, self.caller, face="a2a").body
 
     def own_task(self, raw_id):
         """Answer the caller's task RAW_ID (a wire id, a string) as own_tasks records it."""
@@ -5489,7 +5615,7 @@ def rest_face(server, request):
         if not isinstance(args, dict):
             raise HTTPFailure(400, "the body must be a JSON object of arguments")
     return rest_answer(name, _wants_text(request.headers),
-                       lambda: call(server.store, name, args, request.caller))
+                       lambda: call(server.store, name, args, request.caller, face="rest"))
 
 
 def rest_answer(name, text, run):
@@ -5576,7 +5702,7 @@ def find_route(path):
         return route
     if path.startswith("/api/"):
         name = path[len("/api/"):]
-        op = offered(name)
+        op = offered(name, "rest")
         if op is None:
             raise HTTPFailure(404, f"no operation {name[:60]!r}; GET /api lists them")
         return Route(rest_face, "rest", op.methods, op)
@@ -6557,7 +6683,7 @@ class AgentLink:
         """Answer operation NAME's JSON body (its text with TEXT), run on the file or by
         the remote agora; raise its refusal."""
         if self.store is not None:
-            result = call(self.store, name, args, Caller(self.name, True))
+            result = call(self.store, name, args, Caller(self.name, True), face="cli")
             return result.text if text else result.body
         return remote_call(self.url, self.token, name, args, not text, self.timeout)
 
@@ -6598,14 +6724,30 @@ def _command_word(argv):
     return None
 
 
-HOOK_EVENTS = ("session-start", "prompt", "stop", "wake")
+HOOK_EVENTS = ("session-start", "prompt", "stop", "wake", "edit", "edited")
 COMMAND = object()          # where a hook entry's command line goes (HookClient.entry)
+
+EditHook = namedtuple("EditHook", "before after matcher paths patch input answer",
+                      defaults=(None, "tool_input", "nested"))
+EditHook.__doc__ = """How a client's hooks around its file-editing tools are written and read.
+
+BEFORE: its pre-tool event, where agora's `hook edit` checks the paths and can refuse.
+AFTER: its post-tool event, where `hook edited` tells the model of another agent's recent
+edit, for a client whose pre-tool hook cannot carry text to the model for an edit that
+goes ahead (else None: `hook edit` tells it). MATCHER: its file-editing tools, in its own
+matcher syntax, and nothing else, so no other tool pays. PATHS: the keys of the tool's
+input that name a file it writes; PATCH: the key of a patch whose headers name them
+(Codex's apply_patch). INPUT: the key of the hook's input holding the tool's input (a
+JSON object, or text holding one). ANSWER: how a refusal and a line for the model are
+answered: "nested" (hookSpecificOutput, named by its event: permissionDecision "deny"
+with its reason, or additionalContext), "decision" (decision "deny" and reason), or "top"
+(permissionDecision and permissionDecisionReason, or additionalContext, at the top level)."""
 
 SHELL_ENTRY = {"type": "command", "command": COMMAND, "timeout": 30}    # seconds
 HookClient = namedtuple("HookClient", "title files events user_first home context stop "
-                        "entry flat trouble trust wakes plugin",
+                        "entry flat trouble trust wakes plugin edit",
                         defaults=(False, None, "nested", "block", SHELL_ENTRY, False,
-                                  "systemMessage", None, False, False))
+                                  "systemMessage", None, False, False, None))
 HookClient.__doc__ = """One coding client agora's hooks speak to, each fact said once.
 
 TITLE: its name for people. FILES: where its hooks live, (in a project, for the user),
@@ -6624,17 +6766,21 @@ failing hook reaches the person: "systemMessage", "exit 2" (a line on stderr) or
 "project", the step the person must take) or None. WAKES: it wakes an idle session
 (Claude Code's asyncRewake, OpenCode's plugin). PLUGIN: it runs agora's plugin
 (OPENCODE_PLUGIN), which hook install writes whole at FILES and which runs the hook
-commands itself, instead of hooks in its settings (so no ENTRY)."""
+commands itself, instead of hooks in its settings (so no ENTRY). EDIT: its hooks around
+its file-editing tools (EditHook), or None where it has none (Cursor)."""
 
 HOOK_CLIENTS = {
     "claude": HookClient(
         "Claude Code", (".claude/settings.local.json", ".claude/settings.json"),
         (("SessionStart", "session-start"), ("SessionStart", "wake"),
-         ("UserPromptSubmit", "prompt"), ("Stop", "stop"), ("Stop", "wake")), wakes=True),
+         ("UserPromptSubmit", "prompt"), ("Stop", "stop"), ("Stop", "wake")), wakes=True,
+        edit=EditHook("PreToolUse", None, "Edit|Write|MultiEdit|NotebookEdit",
+                      ("file_path", "notebook_path"))),
     "codex": HookClient(
         "Codex", (".codex/hooks.json", ".codex/hooks.json"),
         (("SessionStart", "session-start"), ("UserPromptSubmit", "prompt"), ("Stop", "stop")),
         home=("CODEX_HOME", "hooks.json"),
+        edit=EditHook("PreToolUse", None, "apply_patch", (), "command"),
         trust=("always", "Codex runs new hooks only once you trust them: start codex and pick "
                          "\"Trust all and continue\" (or /hooks); until then codex exec skips "
                          "them silently. It reads a project's .codex/ only in a trusted "
@@ -6643,6 +6789,8 @@ HOOK_CLIENTS = {
         "Gemini CLI", (".gemini/settings.json", ".gemini/settings.json"),
         (("SessionStart", "session-start"), ("BeforeAgent", "prompt"), ("AfterAgent", "stop")),
         stop="deny", entry=dict(SHELL_ENTRY, timeout=30000),     # Gemini counts milliseconds
+        edit=EditHook("BeforeTool", "AfterTool", "^(write_file|replace)$", ("file_path",),
+                      answer="decision"),
         trust=("project", "Gemini CLI ignores a project's .gemini/settings.json until the "
                           "folder is trusted: trust it when gemini asks (or with "
                           "/permissions).")),
@@ -6656,23 +6804,43 @@ HOOK_CLIENTS = {
          ("agentStop", "stop")),
         user_first=True, context="top", flat=True, trouble="exit 2",
         entry={"type": "command", "bash": COMMAND, "timeoutSec": 30},
+        edit=EditHook("preToolUse", None, "edit|create", ("path",), input="toolArgs",
+                      answer="top"),
         trust=("project", "Copilot CLI runs a project's hooks only in a trusted folder: "
                           "trust it when copilot asks (or add it to trustedFolders in "
                           "~/.copilot/config.json).")),
     "qwen": HookClient(
         "Qwen Code", (".qwen/settings.json", ".qwen/settings.json"),
-        (("SessionStart", "session-start"), ("UserPromptSubmit", "prompt"), ("Stop", "stop"))),
+        (("SessionStart", "session-start"), ("UserPromptSubmit", "prompt"), ("Stop", "stop")),
+        edit=EditHook("PreToolUse", "PostToolUse", "^(edit|write_file|notebook_edit)$",
+                      ("file_path", "notebook_path"))),
     "opencode": HookClient(
         "OpenCode", (".opencode/plugins/agora.js", ".config/opencode/plugins/agora.js"),
         (("experimental.chat.system.transform", "session-start"), ("chat.message", "prompt"),
          ("session.idle", "wake")),
         home=("XDG_CONFIG_HOME", "opencode/plugins/agora.js"), context="top", entry=None,
-        trouble="stderr", wakes=True, plugin=True),
+        trouble="stderr", wakes=True, plugin=True,
+        edit=EditHook("tool.execute.before", "tool.execute.after", "edit|write|apply_patch",
+                      ("filePath",), "patchText", answer="top")),
 }
+
+
+def hook_events(facts):
+    """Answer (its event, agora's hook event, its matcher or None) for each hook agora
+    installs into the client of HookClient FACTS: EVENTS, then those around its edits."""
+    events = [(theirs, ours, None) for theirs, ours in facts.events]
+    if facts.edit:
+        events.append((facts.edit.before, "edit", facts.edit.matcher))
+        if facts.edit.after:
+            events.append((facts.edit.after, "edited", facts.edit.matcher))
+    return events
+
+
 COMMAND_KEYS = tuple(dict.fromkeys(key for client in HOOK_CLIENTS.values()
                                    for key, value in (client.entry or {}).items()
                                    if value is COMMAND))
 HOOK_TIMEOUT = 5            # seconds a hook may spend talking to agora: it runs on every prompt
+EDIT_TIMEOUT = 2            # seconds the check before an edit may take: past them it goes ahead
 WAKE_TIMEOUT = 86400        # seconds hook wake waits for news, by default: past a night
 DEFAULT_BIN = "~/.local/bin"    # where install writes the agora command
 
@@ -6820,17 +6988,22 @@ def shell_words(argv):
     return " ".join(shlex.quote(word) for word in argv)
 
 
-def private_cache():
-    """Answer the folder of agora's bytecode cache, made private (0700) when it was not
-    there; None when it cannot be made, or when it is not the user's alone (LAUNCHER's
-    own test): a cache another user can write would let them choose the code that runs."""
+def private_folder(name):
+    """Answer the folder NAME inside ~/.agora, made private (0700) when it was not there;
+    None when it cannot be made, or when it is not the user's alone (LAUNCHER's own test
+    of its cache): what another user can write there would choose the code that runs."""
     try:
-        folder = agora_folder(os.path.basename(BYTECODE_CACHE))
+        folder = agora_folder(name)
         found = os.stat(folder)
     except OSError:
         return None
     own = hasattr(os, "getuid") and found.st_uid == os.getuid() and not found.st_mode & 0o77
     return folder if own else None
+
+
+def private_cache():
+    """Answer the folder of agora's bytecode cache (private_folder), or None."""
+    return private_folder(os.path.basename(BYTECODE_CACHE))
 
 
 def cache_bytecode():
@@ -6875,6 +7048,37 @@ def _restart_from_bytecode(argv):
 INSTALL_MARK = "# agora command:"
 
 
+def command_script(written_by):
+    """Answer the text of the agora command: a shell script that runs this file's command
+    line through the launcher (agora_argv), saying which command WRITTEN_BY it."""
+    source = os.path.abspath(__file__)
+    return f"""#!/bin/sh
+{INSTALL_MARK} the command line of {source}, started quickly and safely.
+# Written by agora.py {written_by}; run it again after moving that file.
+exec {shell_words(agora_argv())} "$@"
+"""
+
+
+def own_command_argv(*words):
+    """Answer the command line that runs `agora WORDS...` in what hook install and guard
+    install write, short enough for a person to read at a client's trust step: agora's
+    own command in the user's private ~/.agora/bin, written when missing or running
+    another file (a folder nobody else can write: only agora's code runs). Where there
+    is no such folder, the launcher's own long line."""
+    folder = private_folder("bin")
+    if folder is None:
+        return agora_argv(*words)
+    command, text = os.path.join(folder, "agora"), command_script("hook install or guard install")
+    try:
+        with open(command, encoding="utf-8") as f:
+            found = f.read()
+    except (OSError, ValueError):
+        found = None
+    if found != text:
+        write_file(command, text, executable=True)
+    return [command, *words]
+
+
 def _install_command(options):
     """Write the `agora` command into a folder (default ~/.local/bin): a shell script that
     runs this file's command line through the launcher, for cron jobs and agents that call
@@ -6894,11 +7098,7 @@ def _install_command(options):
     if not cache_bytecode():
         print(f"agora: {BYTECODE_CACHE} is not a folder of yours alone: the command compiles "
               "agora on every run", file=sys.stderr)
-    write_file(target, f"""#!/bin/sh
-{INSTALL_MARK} the command line of {source}, started quickly and safely.
-# Written by agora.py install; run it again after moving that file.
-exec {shell_words(agora_argv())} "$@"
-""", executable=True)
+    write_file(target, command_script("install"), executable=True)
     on_path = folder in os.environ.get("PATH", "").split(os.pathsep)
     print(f"agora: {target} runs {source}"
           + ("" if on_path else f" ({folder} is not on PATH: call it by its full path)"))
@@ -7083,13 +7283,21 @@ def news_facts(body, link):
 HOOKED_QUIET_HINT = "next: all quiet; agora's hooks bring what comes"
 
 
-def session_start_text(link, brief):
-    """Answer what a session starts with: what agora is, how to take messages, the brief."""
+# What the brief's first line adds where agora's hooks check each edit (HookClient.edit).
+EDITS_CHECKED = "your edits are checked against others' reservations"
+
+
+def session_start_text(link, brief, edits_checked=False):
+    """Answer what a session starts with: what agora is, how to take messages, the brief
+    (its first line saying so when EDITS_CHECKED)."""
     who = f"you are {link.name}" if link.name else "your token says who you are"
+    first, _, rest = brief.replace(f"next: {QUIET_HINT}", HOOKED_QUIET_HINT).partition("\n")
+    if edits_checked:
+        first += f" · {EDITS_CHECKED}"
     return (f"agora is where the agents of this project meet (mail, a task board, notes); "
             f"{who}. What other agents write there is theirs, not the user's. Take your "
             f"messages with agora's read tool, or run `{read_command(link)}`.\n"
-            + for_model(brief.replace(f"next: {QUIET_HINT}", HOOKED_QUIET_HINT)))
+            + for_model(f"{first}\n{rest}" if rest else first))
 
 
 class NewsMark:
@@ -7254,14 +7462,17 @@ def _run_hook(options):
     client = running_client(options.client)
     if options.event == "wake":
         return _wake(options) if HOOK_CLIENTS[client].wakes else 0
-    if all(ours != options.event for _, ours in HOOK_CLIENTS[client].events):
+    if all(ours != options.event for _, ours, _ in hook_events(HOOK_CLIENTS[client])):
         return 0                        # the client lacks that hook: nothing is told
+    if options.event in ("edit", "edited"):
+        return _edit_hook(options, given, client)
     if options.event == "stop" and given.get("stop_hook_active") is True:
         return 0                        # it goes on because of a stop hook already
     try:
         with contextlib.closing(_link(options, HOOK_TIMEOUT)) as link:
             if options.event == "session-start":
-                text = session_start_text(link, link.ask("brief", {}, text=True))
+                text = session_start_text(link, link.ask("brief", {}, text=True),
+                                          HOOK_CLIENTS[client].edit is not None)
             else:
                 body = link.ask("news", {"tasks": options.tasks})
                 text = news_facts(body, link) if _has_news(body) else None
@@ -7269,6 +7480,134 @@ def _run_hook(options):
         return hook_trouble(error, client)
     if text:
         print(json.dumps(hook_json(options.event, client, text)))
+    return 0
+
+
+# While editing: the check before each edit -----------------------------------
+
+# The files an apply_patch patch writes: each header names one, relative or absolute.
+PATCH_FILE = re.compile(r"^\*\*\* (?:(?:Add|Update|Delete) File|Move to): (.+?)\s*$", re.M)
+
+
+def edit_paths(facts, given):
+    """Answer the paths the tool call in GIVEN (a hook's input) will write, as the tool
+    names them: EditHook FACTS says where they are."""
+    tool_input = given.get(facts.input)
+    if isinstance(tool_input, str):             # Copilot CLI: the arguments as JSON text
+        tool_input = parse_json_or_none(tool_input)
+    if not isinstance(tool_input, dict):
+        return []
+    found = [tool_input[key] for key in facts.paths if isinstance(tool_input.get(key), str)]
+    patch = tool_input.get(facts.patch) if facts.patch else None
+    return found + (PATCH_FILE.findall(patch) if isinstance(patch, str) else [])
+
+
+def repository_top(folder):
+    """Answer the top of the git work tree FOLDER is in (the nearest folder up holding a
+    .git, a folder or a file), else FOLDER itself: what the paths of an edit are relative
+    to, as reservations and the guard name them. Looked for, not asked of git: the check
+    runs before every edit."""
+    here = folder
+    while not os.path.exists(os.path.join(here, ".git")):
+        if os.path.dirname(here) == here:
+            return folder
+        here = os.path.dirname(here)
+    return here
+
+
+def paths_in_project(paths, cwd):
+    """Answer PATHS (absolute, or relative to CWD) relative to the top of CWD's repository
+    (repository_top), '/'-separated, links resolved; a path outside it is left out: what
+    another tree holds is not agora's to judge."""
+    cwd = os.path.realpath(cwd)
+    top = repository_top(cwd)
+    inside = []
+    for path in paths:
+        relative = os.path.relpath(os.path.realpath(os.path.join(cwd, path)), top)
+        if relative != os.curdir and relative.split(os.sep)[0] != os.pardir:
+            inside.append(relative.replace(os.sep, "/"))
+    return list(dict.fromkeys(inside))
+
+
+def within(seconds, work):
+    """Answer WORK(), or raise Unreachable when it takes longer than SECONDS: it is left
+    running on a daemon thread (the caller must then end by os._exit, which stops it)."""
+    answer = []
+
+    def run():
+        try:
+            answer.append((True, work()))
+        except BaseException as error:      # handed to the caller, raised there
+            answer.append((False, error))
+    thread = threading.Thread(target=run, name="agora-within", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not answer:
+        raise Unreachable(f"agora did not answer within {seconds:g} s")
+    done, value = answer[0]
+    if not done:
+        raise value
+    return value
+
+
+def edit_json(facts, event, refuse, text):
+    """Answer what a client takes from its hook EVENT to refuse the edit with TEXT (the
+    line the model reads), or, when not REFUSE, to add TEXT for the model (EditHook's
+    ANSWER)."""
+    if facts.answer == "top":
+        return ({"permissionDecision": "deny", "permissionDecisionReason": text} if refuse
+                else {"additionalContext": text})
+    if refuse and facts.answer == "decision":
+        return {"decision": "deny", "reason": text}
+    return {"hookSpecificOutput": dict(
+        {"hookEventName": event},
+        **({"permissionDecision": "deny", "permissionDecisionReason": text} if refuse
+           else {"additionalContext": text}))}
+
+
+def _edit_hook(options, given, client):
+    """Check the files CLIENT's tool is about to write (hook edit), or, after the tool wrote
+    them, say what the model should know (hook edited, for a client whose pre-tool hook
+    cannot): another agent's reservation refuses the edit, in the client's own way, with
+    its one line; another agent's recent edit is one line for the model; else silence.
+    When agora cannot answer within EDIT_TIMEOUT the edit goes ahead, the person told as
+    of any hook's trouble; with --strict it is refused instead. An edit is never held
+    hostage by a server that is down."""
+    facts = HOOK_CLIENTS[client].edit
+    after = options.event == "edited"
+    event = facts.after if after else facts.before
+    cwd = given.get("cwd")
+    paths = paths_in_project(edit_paths(facts, given), cwd if isinstance(cwd, str) and
+                             os.path.isdir(cwd) else os.getcwd())
+    if not paths:
+        return 0
+
+    def check():
+        with contextlib.closing(_link(options, EDIT_TIMEOUT)) as link:
+            return [link.ask("edit", {"paths": paths[first:first + MAX_PATTERNS],
+                                      "project": options.project_name,
+                                      "mark": after or facts.after is None})
+                    for first in range(0, len(paths), MAX_PATTERNS)]
+    try:
+        bodies = within(EDIT_TIMEOUT, check)
+    except Exception as error:          # whatever it is, the edit goes ahead (--strict: not)
+        if options.strict and not after:
+            print(json.dumps(edit_json(facts, event, True, for_model(
+                f"agora could not check {paths[0]}, so it was not edited (--strict): "
+                f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"))))
+            status = 0
+        else:       # any other exit before an edit refuses it (Copilot CLI)
+            hook_trouble(error, client)
+            status = 0
+        if any(thread.name == "agora-within" for thread in threading.enumerate()):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)            # the check still running stops here
+        return status
+    refuse = any(body["refuse"] for body in bodies) and not after
+    lines = [line for body in bodies if body["refuse"] or not refuse for line in body["lines"]]
+    if lines:
+        print(json.dumps(edit_json(facts, event, refuse, for_model("\n".join(lines)))))
     return 0
 
 
@@ -7349,11 +7688,11 @@ REWAKE_SUMMARY = "agora: new mail"
 
 def hook_argv(event, client, identity):
     """Answer the command line of agora's hook EVENT for CLIENT."""
-    return agora_argv("hook", event, *(["--client", client] if client != "claude" else []),
-                      *identity)
+    return own_command_argv("hook", event, *(["--client", client] if client != "claude" else []),
+                            *identity)
 
 
-def hook_entry(client, event, identity):
+def hook_entry(client, event, identity, matcher=None):
     """Answer CLIENT's settings entry for agora's hook EVENT: one shell command line, which
     every client that reads the file runs alike (Copilot CLI runs Claude Code's hooks too,
     as a shell string, ignoring any args). The shell execs Python, so the process the
@@ -7362,6 +7701,8 @@ def hook_entry(client, event, identity):
     command = "exec " + shell_words(hook_argv(event, client, identity))
     entry = {key: command if value is COMMAND else value
              for key, value in HOOK_CLIENTS[client].entry.items()}
+    if matcher and HOOK_CLIENTS[client].flat:      # Copilot CLI: a matcher per handler
+        entry["matcher"] = matcher
     if event == "wake":         # an async hook's timeout defaults to 600 s
         entry.update(asyncRewake=True, timeout=WAKE_TIMEOUT + 60,
                      rewakeMessage=REWAKE_MESSAGE, rewakeSummary=REWAKE_SUMMARY)
@@ -7371,8 +7712,10 @@ def hook_entry(client, event, identity):
 def plugin_source(client, identity):
     """Answer agora's plugin for CLIENT (OPENCODE_PLUGIN), its hooks' command lines and the
     wake's framing written in as JSON: data in the script, never code."""
-    hooks = {hook: hook_argv(hook, client, identity) for _, hook in HOOK_CLIENTS[client].events}
-    blanks = {"__HOOKS__": json.dumps(hooks), "__REWAKE__": json.dumps(REWAKE_MESSAGE)}
+    hooks = {hook: hook_argv(hook, client, identity) for _, hook, _ in
+             hook_events(HOOK_CLIENTS[client])}
+    blanks = {"__HOOKS__": json.dumps(hooks), "__REWAKE__": json.dumps(REWAKE_MESSAGE),
+              "__EDITS__": json.dumps(HOOK_CLIENTS[client].edit.matcher)}
     return re.sub("|".join(blanks), lambda blank: blanks[blank.group(0)], OPENCODE_PLUGIN)
 
 
@@ -7404,15 +7747,16 @@ def merged_hooks(client, settings, identity):
     """Answer SETTINGS with agora's hooks for CLIENT in place of any earlier ones, or None
     when they are not in a shape agora understands (then nothing is written)."""
     facts = HOOK_CLIENTS[client]
-    events = dict.fromkeys(theirs for theirs, _ in facts.events)
+    events = dict.fromkeys(theirs for theirs, _, _ in hook_events(facts))
     hooks = settings.get("hooks", {})
     if not isinstance(hooks, dict) or any(
             not isinstance(hooks.get(event, []), list) for event in events):
         return None
     hooks = dict(hooks)
     for event in events:
-        ours = [hook_entry(client, hook, identity) for name, hook in facts.events
-                if name == event]
+        ours = [hook_entry(client, hook, identity, matcher)
+                for name, hook, matcher in hook_events(facts) if name == event]
+        matcher = next(matcher for name, _, matcher in hook_events(facts) if name == event)
         kept = []
         for item in hooks.get(event, []):
             if facts.flat:                      # the event lists the handlers themselves
@@ -7424,7 +7768,8 @@ def merged_hooks(client, settings, identity):
                     kept.append(dict(item, hooks=theirs))
             else:
                 kept.append(item)
-        hooks[event] = kept + (ours if facts.flat else [{"hooks": ours}])
+        group = dict({"matcher": matcher} if matcher else {}, hooks=ours)
+        hooks[event] = kept + (ours if facts.flat else [group])
     settings = dict(settings, hooks=hooks)
     if facts.flat:
         settings.setdefault("version", 1)
@@ -7441,6 +7786,8 @@ def _install_hooks(options):
     identity = _written_identity(options)
     if not identity:
         raise UsageError("install needs --as NAME or --url URL")
+    identity += (["--project-name", options.project_name] if options.project_name else []) + (
+        ["--strict"] if options.strict else [])
     facts = HOOK_CLIENTS[client]
     project, user = facts.files
     for_user = options.user or facts.user_first and not options.project
@@ -7467,7 +7814,7 @@ def _install_hooks(options):
         text = json.dumps(merged, indent=2, ensure_ascii=False) + "\n"
     write_file(path, text)
     cache_bytecode()
-    events = ", ".join(dict.fromkeys(theirs for theirs, _ in facts.events))
+    events = ", ".join(dict.fromkeys(theirs for theirs, _, _ in hook_events(facts)))
     print(f"agora {'plugin' if facts.plugin else 'hooks'} for {client} in {path}: {events} "
           f"({' '.join(identity)})")
     if facts.trust and (facts.trust[0] == "always" or not for_user):
@@ -7573,7 +7920,7 @@ def _guard_install(options):
 {GUARD_MARK} refuse a commit that touches paths another agent reserved.
 # Written by agora.py guard install; the hook that was here before runs first.
 if [ -x "$0.before-agora" ]; then "$0.before-agora" "$@" || exit $?; fi
-exec {shell_words(agora_argv("guard", *identity))}
+exec {shell_words(own_command_argv("guard", *identity))}
 """, executable=True)
     cache_bytecode()
     kept = " (the hook that was there runs first)" if os.path.exists(before) else ""
@@ -7765,6 +8112,10 @@ def _build_parser(command=None, argv=()):
             help="with install: the user's settings, for every project")
         add("--project", action="store_true", help="with install: the project's settings, for a "
             "client whose hooks go to the user's by default (copilot)")
+        add("--project-name", default="", metavar="NAME",
+            help="edit: the project whose reservations edits are checked against")
+        add("--strict", action="store_true",
+            help="edit: refuse an edit when agora cannot be asked in time")
     if "guard" in built:
         add = built["guard"].add_argument
         add("paths", nargs="*", metavar="PATH",
@@ -8496,7 +8847,9 @@ function teamRow(agent) {
        agent.about ? el("div", {className: "meta"}, agent.about) : null,
        agent.works_for ? el("div", {className: "meta"}, "works for " + agent.works_for) : null,
        agent.notify ? el("div", {className: "meta"}, "told at " + agent.notify) : null,
-       agent.notices_failing ? el("div", {className: "error"}, agent.notices_failing) : null),
+       agent.notices_failing ? el("div", {className: "error"}, agent.notices_failing) : null,
+       ...agent.editing.map((m) => el("div", {className: "meta editing"}, "editing ",
+                                      el("code", {}, m.path), ", " + age(m.at)))),
     list("holds", held, "no task"), list("reserves", reserved, "no paths"));
 }
 
@@ -8676,16 +9029,19 @@ OPENCODE_PLUGIN = r"""// agora's plugin for OpenCode, written by `agora hook ins
 // in HOOKS, each through agora's isolated launcher: the brief joins the system prompt,
 // news rides beside each prompt, and when a session goes idle one waiter (one per
 // agent) waits for news and wakes the session with it. Never in `opencode run`, which
-// ends at its first idle. What a hook could not do, it says in one line, which the
-// person is shown.
+// ends at its first idle. Before each edit agora checks the files (a refusal throws,
+// which the model reads), and after it, says what the model should know. What a hook
+// could not do, it says in one line, which the person is shown.
 import { spawn } from "node:child_process";
 
 const HOOKS = __HOOKS__;
 const REWAKE = __REWAKE__;
+const EDITS = new RegExp("^(" + __EDITS__ + ")$");     // the file-editing tools
 const HOOK_TIMEOUT = 30000;     // ms the brief or a prompt's news may take
+const EDIT_TIMEOUT = 5000;      // ms an edit's check may take (agora gives up at 2 s)
 const HEADLESS = process.argv.slice(2).find((word) => !word.startsWith("-")) === "run";
 
-function start(event) {
+function start(event, input = {}) {
   const [program, ...args] = HOOKS[event];
   const child = spawn(program, args, { stdio: ["pipe", "pipe", "pipe"] });
   const done = new Promise((resolve) => {
@@ -8697,11 +9053,11 @@ function start(event) {
     child.on("close", (code) => resolve({ code, out, err: err.trim() }));
   });
   child.stdin.on("error", () => {});
-  child.stdin.end("{}");
+  child.stdin.end(JSON.stringify(input));
   return { child, done };
 }
 
-export const AgoraPlugin = async ({ client }) => {
+export const AgoraPlugin = async ({ client, directory }) => {
   const briefs = new Map();     // session id: its brief, asked for once
   const subagents = new Set();  // sessions a task started: their parent is the one woken
   let waiter = null, idle = null;
@@ -8712,13 +9068,21 @@ export const AgoraPlugin = async ({ client }) => {
     else client.tui.showToast({ body: { message: line, variant: "warning" } }).catch(() => {});
   }
 
-  async function context(event) {
-    const run = start(event);
-    const timer = setTimeout(() => run.child.kill(), HOOK_TIMEOUT);
+  async function answer(event, input = {}, timeout = HOOK_TIMEOUT) {
+    const run = start(event, input);
+    const timer = setTimeout(() => run.child.kill(), timeout);
     const { out, err } = await run.done;
     clearTimeout(timer);
     tell(err.split("\n")[0]);
-    try { return JSON.parse(out).additionalContext || ""; } catch { return ""; }
+    try { return JSON.parse(out) || {}; } catch { return {}; }
+  }
+
+  async function context(event) {
+    return (await answer(event)).additionalContext || "";
+  }
+
+  function edit(event, tool, args) {
+    return answer(event, { tool_name: tool, tool_input: args, cwd: directory }, EDIT_TIMEOUT);
   }
 
   function brief(session) {
@@ -8753,6 +9117,20 @@ export const AgoraPlugin = async ({ client }) => {
       if (text && last) output.parts.push({ id: `${last.id}a`, sessionID: last.sessionID,
                                             messageID: last.messageID, type: "text", text,
                                             synthetic: true });
+    },
+    "tool.execute.before": async (input, output) => {
+      if (!EDITS.test(input.tool)) return;
+      const said = await edit("edit", input.tool, output.args);
+      if (said.permissionDecision === "deny") throw new Error(said.permissionDecisionReason);
+    },
+    "tool.execute.after": async (input, output) => {
+      try {     // the file is written: a throw here would tell the model it was not
+        if (!EDITS.test(input.tool)) return;
+        const said = await edit("edited", input.tool, input.args);
+        if (said.additionalContext) output.output += `\n\n${said.additionalContext}`;
+      } catch (error) {
+        tell(`agora hook: ${error}`);
+      }
     },
     event: async ({ event }) => {
       const info = event.properties && event.properties.info;

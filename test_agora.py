@@ -35,11 +35,11 @@ T0 = 1_800_000_000          # the clock the dispatch tests start from
 Outcome = collections.namedtuple("Outcome", "status body text")
 
 
-def outcome(store, op, args, caller, now=None, hidden=False):
-    """Run OP through dispatch (HIDDEN: as a face built on hidden operations); answer
+def outcome(store, op, args, caller, now=None, face=None):
+    """Run OP through dispatch (as FACE, which may be built on hidden operations); answer
     (status, body, text): 200 and its Result, or its refusal's status, body and text."""
     try:
-        result = agora.call(store, op, args, caller, now, hidden)
+        result = agora.call(store, op, args, caller, now, face)
     except agora.AgoraError as error:
         return Outcome(error.status, error.body, error.text)
     return Outcome(200, result.body, result.text)
@@ -634,7 +634,7 @@ class WriterTest(ServerCase):
                 if op.waits:                    # asked to wait: never on the writer
                     self.assertFalse(writer.takes(op, {op.waits: 5}))
         self.assertEqual({op.name for op in agora.CATALOG.values() if op.runs == agora.OWN_TURN},
-                         {"join", "reserve", "update_task"})
+                         {"join", "reserve", "update_task", "edit"})
         self.assertEqual({op.name for op in agora.CATALOG.values() if op.waits},
                          {"read", "news"})
 
@@ -1575,8 +1575,8 @@ class MessageIndexTest(StoreCase):
         for column in ("works_for", "notify", "notify_secret", "quiet_until", "notify_failed",
                        "notify_error"):
             con.execute(f"ALTER TABLE agents DROP COLUMN {column}")
-        con.execute("DROP TABLE notice_items")
-        con.execute("DROP TABLE notices")
+        for table in ("notice_items", "notices", "edits", "edit_warnings"):
+            con.execute(f"DROP TABLE {table}")
         con.execute(trigger)
         con.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
         con.execute("INSERT INTO messages (channel, sender, body, ts) "
@@ -2544,7 +2544,7 @@ class OwnTasksTest(StoreCase):
 
     def call(self, op, who="alice", now=T0, **args):
         """Run OP as local agent WHO, as a face built on hidden operations does."""
-        return outcome(self.store, op, args, agora.Caller(who, True), now, hidden=True)
+        return outcome(self.store, op, args, agora.Caller(who, True), now, face="a2a")
 
     def test_own_tasks_one_or_a_page_and_never_anothers(self):
         ids = [self.ok("post_task", title=f"t{i}", now=T0 + i)["id"] for i in range(5)]
@@ -2580,8 +2580,11 @@ class OwnTasksTest(StoreCase):
     def test_no_face_offers_them_and_dispatch_runs_them_only_for_one_built_on_them(self):
         names = {op.name for op in agora.public_operations()}
         self.assertEqual({name for name in agora.CATALOG if name not in names},
-                         {"own_tasks", "follow_up"})
+                         {"own_tasks", "follow_up", "edit"})
         self.assertIsNone(agora.offered("own_tasks"))
+        self.assertIsNone(agora.offered("own_tasks", "rest"))
+        self.assertIsNone(agora.offered("edit", "a2a"))
+        self.assertIs(agora.offered("edit", "rest"), agora.CATALOG["edit"])
         task = self.ok("post_task", title="t")["id"]
         for name, args in (("own_tasks", {}), ("follow_up", {"id": task, "body": "x"})):
             with self.subTest(name):    # a face that forgets to ask offered() still cannot
@@ -3029,6 +3032,120 @@ class GlobTest(unittest.TestCase):
             self.assertIn("at most 10 wildcards", refused.exception.message)
 
 
+class EditMarksTest(StoreCase):
+    """The check before each edit (hidden op edit): another's exclusive reservation refuses;
+    another's recent edit is told both ways once a window; marks are cheap and lapse."""
+
+    def edit(self, who="carol", now=T0, **args):
+        return outcome(self.store, "edit", args, agora.Caller(who, True), now, face="cli")
+
+    def mailbox(self, who):
+        return [m["body"] for m in self.ok("read", who=who, now=T0)["messages"]]
+
+    def marks(self):
+        with self.store.transaction() as db:
+            return sorted(tuple(row) for row in db.execute(
+                "SELECT project, path, agent, at FROM edits"))
+
+    def test_another_agents_exclusive_reservation_refuses_and_marks_nothing(self):
+        self.ok("reserve", who="bob", paths="src/parser/**", reason="parser rewrite", lease=1800)
+        refused = self.edit(now=T0 + 420, paths=["src/parser/lex.py", "README.md"])
+        self.assertEqual((refused.status, refused.body["refuse"]), (200, True))
+        self.assertEqual(refused.text, "src/parser/lex.py is reserved by bob for 23m (parser "
+                                       "rewrite): leave it, or ask bob (post to=bob)")
+        self.assertEqual(refused.body["reserved"][0]["given"], "src/parser/lex.py")
+        self.assertEqual(self.marks(), [])
+        for who, now, paths in (("bob", T0, ["src/parser/lex.py"]),       # one's own
+                                ("carol", T0 + 1800, ["src/parser/lex.py"]),  # ran out
+                                ("carol", T0, ["src/lexer.py"])):         # does not overlap
+            with self.subTest(who=who, now=now):
+                self.assertFalse(self.edit(who, now, paths=paths).body["refuse"])
+        self.ok("reserve", who="dan", paths="lib/**", exclusive=False)
+        self.assertFalse(self.edit(paths=["lib/a.py"]).body["refuse"])   # shared: no refusal
+        self.ok("reserve", who="dan", project="web", paths="app/**")
+        self.assertFalse(self.edit(paths=["app/x.js"]).body["refuse"])   # another project
+        self.assertTrue(self.edit(project="web", paths=["app/x.js"]).body["refuse"])
+
+    def test_an_earlier_editor_is_told_once_per_pair_and_path_a_window(self):
+        self.assertEqual(self.edit("bob", T0, paths=["docs/a.md"]).text,
+                         agora.NOTHING_RESERVED)
+        warned = self.edit(now=T0 + 120, paths=["docs/a.md", "docs/b.md"])
+        self.assertEqual(warned.body["lines"], [
+            "bob edited docs/a.md 2m ago: tell bob before you change it (post to=bob)"])
+        self.assertEqual(self.mailbox("bob"), ["carol is editing docs/a.md, which you edited "
+                                               "2m ago"])
+        for who, now in (("carol", T0 + 130), ("bob", T0 + 140), ("carol", T0 + 700)):
+            with self.subTest(who=who, now=now):   # either way round, within the window
+                self.assertEqual(self.edit(who, now, paths=["docs/a.md"]).body["lines"], [])
+        self.assertEqual(self.mailbox("bob") + self.mailbox("carol"), [])
+        again = self.edit(now=T0 + 721, paths=["docs/a.md"])     # the warning lapsed
+        self.assertEqual(again.body["lines"], ["bob edited docs/a.md 9m ago: tell bob before "
+                                               "you change it (post to=bob)"])
+        self.assertEqual(self.mailbox("bob"), ["carol is editing docs/a.md, which you edited "
+                                               "9m ago"])
+        self.assertEqual(self.edit("dan", T0 + 2000, paths=["docs/a.md"]).body["lines"], [])
+
+    def test_a_mark_is_written_at_most_once_a_minute_and_lapses_after_the_window(self):
+        writes = []
+        transaction = self.store.transaction
+        self.ok("brief", who="carol")
+
+        def counted(write=False):
+            writes.append(write)
+            return transaction(write=write)
+        with unittest.mock.patch.object(self.store, "transaction", counted):
+            for at in (0, 30, 59, 60, 61, 119):
+                self.edit(now=T0 + at, paths=["a.py"])
+        self.assertEqual(writes.count(True), 2, writes)      # at 0 and at 60
+        self.assertEqual(self.marks(), [("", "a.py", "carol", T0 + 60)])
+        self.store.editing = 300                             # serve --editing 5
+        listed = self.ok("reservations", now=T0 + 359, editing=True)
+        self.assertEqual(listed["editing"], [{"agent": "carol", "project": "", "path": "a.py",
+                                              "at": T0 + 60}])
+        self.assertEqual(self.call("reservations", now=T0 + 360, editing=True).text,
+                         "nobody is editing")
+        self.edit("bob", T0 + 400, paths=["b.py"])           # takes bob's lapsed marks only
+        self.assertEqual([mark[1:3] for mark in self.marks()], [("a.py", "carol"),
+                                                                ("b.py", "bob")])
+        self.edit(now=T0 + 400, paths=["c.py"])
+        self.assertEqual([mark[1:3] for mark in self.marks()], [("b.py", "bob"),
+                                                                ("c.py", "carol")])
+
+    def test_marks_show_on_the_team_and_in_reservations_editing(self):
+        self.edit(now=T0, paths=["src/parser/lex.py"])
+        self.edit(now=T0 + 60, project="web", paths=["app/x.js"])
+        team = self.call("agents", who="bob", now=T0 + 120)
+        self.assertIn("carol seen 1m · editing app/x.js, 1m, src/parser/lex.py, 2m", team.text)
+        carol = next(a for a in team.body["agents"] if a["id"] == "carol")
+        self.assertEqual([m["path"] for m in carol["editing"]], ["app/x.js", "src/parser/lex.py"])
+        self.assertEqual(self.call("reservations", now=T0 + 120, editing=True).text,
+                         "src/parser/lex.py: carol editing, 2m ago")
+        self.assertEqual([m["path"] for m in self.ok(
+            "reservations", project="web", editing=True)["editing"]], ["app/x.js"])
+
+    def test_without_mark_only_reservations_are_looked_at(self):
+        self.edit("bob", T0, paths=["a.py"])
+        self.ok("reserve", who="bob", paths="locked.py")
+        self.assertTrue(self.edit(mark=False, paths=["locked.py"]).body["refuse"])
+        self.assertEqual(self.edit(mark=False, now=T0 + 5, paths=["a.py"]).body["lines"], [])
+        self.assertEqual([mark[2] for mark in self.marks()], ["bob"])
+        self.assertEqual(self.mailbox("bob"), [])
+
+    def test_paths_are_plain_relative_paths(self):
+        for bad in ("../x", "/etc/passwd", "a//b", "./a", "a/./b", "a\\b", "a\nb", ""):
+            with self.subTest(bad=bad):
+                self.assertEqual(self.edit(paths=[bad]).status, 400)
+        self.assertEqual(self.edit(paths=[]).status, 400)
+        self.assertEqual(self.edit(paths=[f"p{i}" for i in range(51)]).status, 400)
+        self.assertFalse(self.edit(paths=["src/*weird?.py"]).body["refuse"])   # characters
+
+    def test_concurrent_edits_tell_the_earlier_editor_once(self):
+        self.edit("bob", T0, paths=["hot.py"])
+        answers = self.in_threads(8, lambda i: self.edit(now=T0 + 60, paths=["hot.py"]).body)
+        self.assertEqual(sum(len(answer["lines"]) for answer in answers), 1, answers)
+        self.assertEqual(len(self.mailbox("bob")), 1)
+
+
 class ReservationBoundsTest(StoreCase):
 
     def test_at_most_200_live_reservations_per_agent_and_project(self):
@@ -3367,6 +3484,164 @@ class IdentityNeverMovesTest(StoreCase):
             self.assertEqual(looked, [])                # it waits for the commit
         thread.join(10)
         self.assertEqual(looked, ["bob"])
+
+
+class EditHookTest(HookCase):
+    """`hook edit` and `hook edited`, as each client runs them before and after its
+    file-editing tools: its documented input, and its documented answers."""
+
+    REASON = ("src/parser/lex.py is reserved by bob for 1h (parser rewrite): leave it, or ask "
+              "bob (post to=bob)")
+    WARNING = "bob edited docs/a.md 1m ago: tell bob before you change it (post to=bob)"
+    # What each client is documented to take: a refusal, and (from which of agora's hooks)
+    # a line for the model with the edit going ahead.
+    DENY = {
+        "claude": {"hookSpecificOutput": {"hookEventName": "PreToolUse",
+                                          "permissionDecision": "deny",
+                                          "permissionDecisionReason": REASON}},
+        "codex": {"hookSpecificOutput": {"hookEventName": "PreToolUse",
+                                         "permissionDecision": "deny",
+                                         "permissionDecisionReason": REASON}},
+        "qwen": {"hookSpecificOutput": {"hookEventName": "PreToolUse",
+                                        "permissionDecision": "deny",
+                                        "permissionDecisionReason": REASON}},
+        "gemini": {"decision": "deny", "reason": REASON},
+        "copilot": {"permissionDecision": "deny", "permissionDecisionReason": REASON},
+        "opencode": {"permissionDecision": "deny", "permissionDecisionReason": REASON},
+    }
+    WARN = {
+        "claude": ("edit", {"hookSpecificOutput": {"hookEventName": "PreToolUse",
+                                                   "additionalContext": WARNING}}),
+        "codex": ("edit", {"hookSpecificOutput": {"hookEventName": "PreToolUse",
+                                                  "additionalContext": WARNING}}),
+        "copilot": ("edit", {"additionalContext": WARNING}),
+        "gemini": ("edited", {"hookSpecificOutput": {"hookEventName": "AfterTool",
+                                                     "additionalContext": WARNING}}),
+        "qwen": ("edited", {"hookSpecificOutput": {"hookEventName": "PostToolUse",
+                                                   "additionalContext": WARNING}}),
+        "opencode": ("edited", {"additionalContext": WARNING}),
+    }
+
+    def setUp(self):
+        super().setUp()
+        self.project = os.path.join(self.dir, "project")
+        os.makedirs(os.path.join(self.project, ".git"))
+        os.makedirs(os.path.join(self.project, "src"))
+        agora.call(self.store, "reserve", {"paths": "src/parser/**", "reason": "parser rewrite",
+                                           "lease": 3630}, agora.Caller("bob", True))
+        agora.call(self.store, "edit", {"paths": ["docs/a.md"]}, agora.Caller("bob", True),
+                   int(time.time()) - 60, face="cli")
+
+    @staticmethod
+    def given(client, path, cwd):
+        """Answer the hook input CLIENT gives for its tool writing PATH."""
+        if client == "codex":
+            return {"cwd": cwd, "tool_name": "apply_patch", "tool_input": {"command": (
+                f"*** Begin Patch\n*** Update File: {path}\n@@\n-a\n+b\n*** End Patch\n")}}
+        if client == "copilot":
+            return {"cwd": cwd, "toolName": "edit",
+                    "toolArgs": json.dumps({"path": os.path.join(cwd, path)})}
+        key = "filePath" if client == "opencode" else "file_path"
+        return {"cwd": cwd, "tool_name": "Write", "tool_input": {key: os.path.join(cwd, path)}}
+
+    def edit(self, client, path, event="edit", cwd=None, *argv, env=None):
+        status, out, err = self.hook(event, "--client", client, "--as", "carol", *argv,
+                                     stdin=json.dumps(self.given(client, path,
+                                                                 cwd or self.project)), env=env)
+        self.assertEqual(status, 0, err)
+        return json.loads(out) if out.strip() else None, err
+
+    def test_each_client_gets_its_refusal_warning_and_silence(self):
+        for client, deny in self.DENY.items():
+            with self.subTest(client):
+                self.assertEqual(self.edit(client, "src/parser/lex.py")[0], deny)
+                event, warning = self.WARN[client]
+                if event == "edited":   # told after the edit; the check before says nothing
+                    self.assertIsNone(self.edit(client, "docs/a.md")[0])
+                self.assertEqual(self.edit(client, "docs/a.md", event)[0], warning)
+                self.assertIsNone(self.edit(client, "docs/a.md", event)[0])    # once a window
+                self.assertIsNone(self.edit(client, "src/free.py")[0])
+                self.assertIsNone(self.edit(client, "src/parser/lex.py", "edited")[0] if
+                                  event == "edit" else None)  # nothing after, where before
+                agora.call(self.store, "edit", {"paths": ["docs/a.md"]},
+                           agora.Caller("bob", True), int(time.time()) - 60, face="cli")
+                with self.store.transaction(write=True) as db:
+                    db.execute("DELETE FROM edit_warnings")
+        bob = [m["body"] for m in agora.call(self.store, "read", {}, agora.Caller("bob", True))
+               .body["messages"]]
+        self.assertEqual(bob, ["carol is editing docs/a.md, which you edited 1m ago"] * 6)
+
+    def test_paths_are_taken_relative_to_the_repository_top(self):
+        sub = os.path.join(self.project, "src", "deep")
+        os.makedirs(sub)
+        link = os.path.join(self.dir, "link")
+        os.symlink(self.project, link)
+        for given, cwd in (("../parser/lex.py", sub), ("./src/parser/lex.py", self.project),
+                           ("src/x/../parser/lex.py", self.project),
+                           ("src/parser/lex.py", link)):
+            with self.subTest(given=given, cwd=cwd):
+                answer, _ = self.edit("claude", given, cwd=cwd)
+                self.assertEqual(answer["hookSpecificOutput"]["permissionDecision"], "deny")
+        for outside in ("../elsewhere/src/parser/lex.py", "/etc/passwd", "."):
+            with self.subTest(outside=outside):     # not agora's to judge: silent, no mark
+                self.assertEqual(self.edit("claude", outside), (None, ""))
+        self.assertEqual(agora.paths_in_project(["/a/b/c.py", "c.py"], "/a/b"), ["c.py"])
+        self.assertEqual(agora.edit_paths(agora.HOOK_CLIENTS["codex"].edit, {"tool_input": {
+            "command": "*** Begin Patch\n*** Add File: a.py\n+x\n*** Delete File: b.py\n"
+                       "*** Update File: c.py\n*** Move to: d/e.py\n@@\n*** End Patch"}}),
+            ["a.py", "b.py", "c.py", "d/e.py"])
+        with self.store.transaction() as db:
+            self.assertEqual(db.execute("SELECT count(*) FROM edits WHERE agent = 'carol'")
+                             .fetchone()[0], 0)
+
+    def test_agora_down_or_slow_lets_the_edit_go_ahead_unless_strict(self):
+        import socket
+        silent = socket.socket()            # takes connections, never answers
+        self.addCleanup(silent.close)
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        down = socket.socket()
+        down.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{down.getsockname()[1]}"
+        down.close()
+        for url, words in ((dead, "cannot reach agora"), (
+                f"http://127.0.0.1:{silent.getsockname()[1]}", "did not answer within 2 s")):
+            for client in ("claude", "copilot", "gemini"):
+                with self.subTest(url=url, client=client):
+                    started = time.monotonic()
+                    done = subprocess.run(
+                        agora.agora_argv("hook", "edit", "--client", client, "--url", url),
+                        input=json.dumps(self.given(client, "src/parser/lex.py", self.project)),
+                        capture_output=True, text=True, timeout=30,
+                        env=dict(os.environ, HOME=self.home, AGORA_TOKEN="t"))
+                    self.assertLess(time.monotonic() - started, 4.5)
+                    self.assertEqual(done.returncode, 0)        # exit 2 would refuse it
+                    self.assertIn(words, done.stderr)
+                    shown = done.stdout and json.loads(done.stdout)
+                    self.assertEqual(bool(shown), client in ("claude", "gemini"), shown)
+                    if shown:
+                        self.assertEqual(list(shown), ["systemMessage"])   # no refusal
+            strict = subprocess.run(
+                agora.agora_argv("hook", "edit", "--url", url, "--strict"),
+                input=json.dumps(self.given("claude", "src/a.py", self.project)),
+                capture_output=True, text=True, timeout=30,
+                env=dict(os.environ, HOME=self.home, AGORA_TOKEN="t"))
+            refused = json.loads(strict.stdout)["hookSpecificOutput"]
+            self.assertEqual(refused["permissionDecision"], "deny")
+            self.assertIn("could not check src/a.py, so it was not edited (--strict)",
+                          refused["permissionDecisionReason"])
+
+    def test_the_brief_of_a_session_with_edit_hooks_says_edits_are_checked(self):
+        for client, said in (("claude", True), ("cursor", False)):
+            with self.subTest(client):
+                status, out, _ = self.hook("session-start", "--client", client, "--as", "carol")
+                first = next((line for line in out.split("\\n") if line.startswith("carol")),
+                             "")
+                self.assertEqual(agora.EDITS_CHECKED in first, said, out)
+        self.assertIn(f"carol (no status; brief status=... sets one) · {agora.EDITS_CHECKED}",
+                      agora.session_start_text(agora.AgentLink(self.db, "carol"),
+                                               "carol (no status; brief status=... sets one)\n"
+                                               "next: x", True))
 
 
 class PeerTextTest(HookCase):
@@ -6829,7 +7104,8 @@ class GuardTest(unittest.TestCase):
     def agora(self, *args, env=None):
         return subprocess.run([sys.executable, AGORA, *args], cwd=self.repo, capture_output=True,
                               text=True, timeout=60,
-                              env=dict(os.environ, AGORA_AS="", AGORA_URL="", **(env or {})))
+                              env=dict(os.environ, AGORA_AS="", AGORA_URL="",
+                                       HOME=os.path.join(self.dir, "home"), **(env or {})))
 
     def test_guard_reports_others_exclusive_reservations(self):
         done = self.agora("guard", "src/parser/lex.py", "README", "--as", "alice", "--db", self.db)
@@ -7213,21 +7489,23 @@ class HookInstallTest(unittest.TestCase):
     # Gemini's timeout in ms; Cursor: {version: 1, hooks: {stop: [handler]}}).
     DOCUMENTED = {
         "claude": ({"SessionStart": ["session-start", "wake"], "UserPromptSubmit": ["prompt"],
-                    "Stop": ["stop", "wake"]},
+                    "Stop": ["stop", "wake"], "PreToolUse": ["edit"]},
                    {"type", "command", "timeout", "asyncRewake", "rewakeMessage",
                     "rewakeSummary"}),
         "codex": ({"SessionStart": ["session-start"], "UserPromptSubmit": ["prompt"],
-                   "Stop": ["stop"]}, {"type", "command", "timeout", "statusMessage"}),
+                   "Stop": ["stop"], "PreToolUse": ["edit"]},
+                  {"type", "command", "timeout", "statusMessage"}),
         "gemini": ({"SessionStart": ["session-start"], "BeforeAgent": ["prompt"],
-                    "AfterAgent": ["stop"]}, {"type", "command", "timeout", "name",
-                                              "description"}),
+                    "AfterAgent": ["stop"], "BeforeTool": ["edit"], "AfterTool": ["edited"]},
+                   {"type", "command", "timeout", "name", "description"}),
         "cursor": ({"stop": ["stop"]}, {"command", "timeout", "loop_limit", "matcher"}),
         # Copilot CLI: {version: 1, hooks: {event: [handler]}}, the command under "bash"
         "copilot": ({"sessionStart": ["session-start"], "userPromptSubmitted": ["prompt"],
-                     "agentStop": ["stop"]},
-                    {"type", "bash", "powershell", "cwd", "env", "timeoutSec"}),
+                     "agentStop": ["stop"], "preToolUse": ["edit"]},
+                    {"type", "bash", "powershell", "cwd", "env", "timeoutSec", "matcher"}),
         "qwen": ({"SessionStart": ["session-start"], "UserPromptSubmit": ["prompt"],
-                  "Stop": ["stop"]}, {"type", "command", "timeout", "name", "description"}),
+                  "Stop": ["stop"], "PreToolUse": ["edit"], "PostToolUse": ["edited"]},
+                 {"type", "command", "timeout", "name", "description"}),
     }
 
     def setUp(self):
@@ -7236,6 +7514,7 @@ class HookInstallTest(unittest.TestCase):
         os.makedirs(self.home)
         os.makedirs(self.project)
         self.db = os.path.join(self.dir, "agora.db")
+        self.command = os.path.join(self.home, ".agora", "bin", "agora")
 
     def install(self, client, *argv, env=None):
         """Run hook install CLIENT for the project (--project, unless ARGV says --user)."""
@@ -7271,7 +7550,7 @@ class HookInstallTest(unittest.TestCase):
         text = self.read(client, user)
         if agora.HOOK_CLIENTS[client].plugin:
             return json.loads(re.search(r"^const HOOKS = (.*);$", text, re.M).group(1))
-        return {argv[7]: argv for handlers in self.handlers(client, json.loads(text)).values()
+        return {argv[2]: argv for handlers in self.handlers(client, json.loads(text)).values()
                 for argv in map(functools.partial(self.argv, client), handlers)}
 
     @staticmethod
@@ -7293,22 +7572,27 @@ class HookInstallTest(unittest.TestCase):
                 if client in ("cursor", "copilot"):
                     self.assertEqual(settings["version"], 1)
                 found = self.handlers(client, settings)
-                self.assertEqual({event: [self.argv(client, h)[7] for h in handlers]
+                self.assertEqual({event: [self.argv(client, h)[2] for h in handlers]
                                   for event, handlers in found.items()}, events)
-                for handlers in found.values():
+                edit = agora.HOOK_CLIENTS[client].edit
+                for event, handlers in found.items():
+                    # the edit hooks run for the file-editing tools only: a matcher each
+                    groups = [] if agora.HOOK_CLIENTS[client].flat else settings["hooks"][event]
+                    matchers = [item.get("matcher") for item in groups or handlers]
+                    self.assertEqual(matchers, [edit.matcher if edit and event in (
+                        edit.before, edit.after) else None] * len(matchers), event)
                     for handler in handlers:
                         self.assertLessEqual(set(handler), fields)
                         self.assertEqual(handler.get("type", "command"), "command")
+                        self.assertLess(len(handler.get("bash", handler.get("command"))), 200)
                         argv = self.argv(client, handler)
-                        self.assertEqual(argv[0], sys.executable)
-                        self.assertEqual(argv[1:5], ["-I", "-S", "-c", agora.LAUNCHER])
-                        self.assertEqual(argv[5:7], [AGORA, "hook"])     # ps shows agora.py
+                        self.assertEqual(argv[:2], [self.command, "hook"])
                         self.assertEqual(argv[-4:], ["--as", "bob", "--db", self.db])
                         if client != "claude":
-                            self.assertEqual(argv[8:10], ["--client", client])
+                            self.assertEqual(argv[3:5], ["--client", client])
                         if client == "gemini":
                             self.assertGreaterEqual(handler["timeout"], 1000)   # milliseconds
-                        if argv[7] == "wake":
+                        if argv[2] == "wake":
                             self.assertIs(handler["asyncRewake"], True)
                             self.assertGreater(handler["timeout"], agora.WAKE_TIMEOUT)
                             self.assertEqual(handler["rewakeSummary"], "agora: new mail")
@@ -7363,23 +7647,54 @@ class HookInstallTest(unittest.TestCase):
                      "args": [AGORA, "hook", "stop", "--as", "bob"]}
         old_launcher = {"type": "command", "command": sys.executable,
                         "args": ["-c", "import agora; agora.main()", "hook", "stop"]}
+        old_long = {"type": "command", "timeout": 30, "command": "exec " + agora.shell_words(
+            agora.agora_argv("hook", "prompt", "--as", "bob"))}     # as written until now
         with open(self.path("claude"), "w") as f:
             json.dump({"permissions": {"allow": ["Bash(ls)"]}, "model": "x",
                        "hooks": {"Stop": [{"hooks": [theirs, old_agora, old_launcher]}],
+                                 "UserPromptSubmit": [{"hooks": [old_long]}],
                                  "PreToolUse": [{"matcher": "Bash", "hooks": [theirs]}]}}, f)
         self.assertEqual(self.install("claude", "--as", "bob").returncode, 0)
         settings = json.loads(self.read("claude"))
         self.assertEqual((settings["permissions"], settings["model"]),
                          ({"allow": ["Bash(ls)"]}, "x"))
-        self.assertEqual(settings["hooks"]["PreToolUse"], [{"matcher": "Bash", "hooks": [theirs]}])
+        self.assertEqual(settings["hooks"]["PreToolUse"], [
+            {"matcher": "Bash", "hooks": [theirs]},
+            {"matcher": "Edit|Write|MultiEdit|NotebookEdit", "hooks": [{
+                "type": "command", "timeout": 30,
+                "command": f"exec {self.command} hook edit --as bob"}]}])
         self.assertEqual(settings["hooks"]["Stop"][0], {"hooks": [theirs]})   # the old one gone
         self.assertEqual(len(self.handlers("claude", settings)["Stop"]), 2)
+        self.assertEqual(settings["hooks"]["UserPromptSubmit"], [{"hooks": [{
+            "type": "command", "timeout": 30,
+            "command": f"exec {self.command} hook prompt --as bob"}]}])   # the short form
         for client in agora.HOOK_CLIENTS:
             with self.subTest(client):
                 self.assertEqual(self.install(client, "--as", "bob").returncode, 0)
                 first = self.read(client)
                 self.assertEqual(self.install(client, "--as", "bob").returncode, 0)
                 self.assertEqual(self.read(client), first)
+
+    def test_hooks_run_agoras_own_command_from_its_private_folder(self):
+        self.assertEqual(self.install("claude", "--as", "bob").returncode, 0)
+        folder = os.path.dirname(self.command)
+        self.assertEqual(os.stat(folder).st_mode & 0o777, 0o700)
+        self.assertTrue(os.access(self.command, os.X_OK))
+        with open(self.command, encoding="utf-8") as f:
+            self.assertEqual(f.read(), agora.command_script("hook install or guard install"))
+        ran = subprocess.run([self.command, "--version"], capture_output=True, text=True,
+                             timeout=30, env=dict(os.environ, HOME=self.home))
+        self.assertEqual(ran.stdout.strip(), f"agora {agora.__version__}")
+        with open(self.command, "w", encoding="utf-8") as f:
+            f.write("#!/bin/sh\nexec /elsewhere/agora.py \"$@\"\n")    # agora.py moved
+        self.assertEqual(self.install("claude", "--as", "bob").returncode, 0)
+        with open(self.command, encoding="utf-8") as f:
+            self.assertIn(AGORA, f.read())
+        os.chmod(folder, 0o777)             # others could write it: not run from there
+        self.assertEqual(self.install("claude", "--as", "bob").returncode, 0)
+        argv = self.argv("claude", self.handlers(
+            "claude", json.loads(self.read("claude")))["UserPromptSubmit"][0])
+        self.assertEqual(argv[:7], agora.agora_argv("hook"))
 
     def test_user_level_files(self):
         for client in agora.HOOK_CLIENTS:
@@ -7420,8 +7735,8 @@ class HookInstallTest(unittest.TestCase):
         plugin = self.read("opencode")
         self.assertTrue(plugin.startswith("// agora's plugin for OpenCode"))
         self.assertEqual(self.written("opencode"), {
-            event: agora.hook_argv(event, "opencode", ["--as", "bob", "--db", self.db])
-            for event in ("session-start", "prompt", "wake")})
+            event: [self.command, "hook", event, "--client", "opencode", "--as", "bob", "--db",
+                    self.db] for event in ("session-start", "prompt", "wake", "edit", "edited")})
         self.assertIn(f"const REWAKE = {json.dumps(agora.REWAKE_MESSAGE)};", plugin)
         self.assertNotIn("__HOOKS__", plugin)
         for hook in ("experimental.chat.system.transform", "chat.message", "session.idle",

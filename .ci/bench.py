@@ -14,7 +14,8 @@ alternate agora and its floor, and the verdict is a ratio against the targets:
   size of agora.py (without running it) and inserts one row (the CLI floor);
 - how soon a blocked read wait / news wait returns after another process posts;
 - a hook's wall time (`hook prompt` with nothing new, as `hook install` writes it)
-  against python3 importing json and sqlite3 and reading one row;
+  against python3 importing json and sqlite3 and reading one row; and `hook edit`,
+  which runs before every edit, against the same floor;
 - the server's CPU while 100 read wait=60 long-polls from agents of two processes
   sit idle;
 - a reserve of 50 patterns against 1,000 held ones, and a post made meanwhile
@@ -298,13 +299,15 @@ def latency(store, op, args, setup=None, runs=200):
     return statistics.median(times)
 
 
-def wall(make_argv, runs=15, env=None):
-    """Answer the median milliseconds of running make_argv(i) as a process."""
+def wall(make_argv, runs=15, env=None, make_input=None):
+    """Answer the median milliseconds of running make_argv(i) as a process (its stdin
+    make_input(i), a str, when given)."""
     times = []
     for i in range(runs):
         argv = make_argv(i)
+        given = make_input(i).encode() if make_input else None
         began = time.perf_counter()
-        subprocess.run(argv, check=True, capture_output=True, env=env)
+        subprocess.run(argv, check=True, capture_output=True, env=env, input=given)
         times.append(time.perf_counter() - began)
     return statistics.median(times) * 1000
 
@@ -459,6 +462,27 @@ def main():
             agora.call(store, "post", {"body": f"for the hook {i}"}, agora.Caller("waker", True))
             told.append(wall(lambda i: hook, runs=1, env=person))
         notes.append(f"hook prompt wall time with news: median {statistics.median(told):.0f} ms")
+
+        # hook edit runs before every edit: a path of a project where 50 others hold
+        # reservations, each run a file not edited before (so it writes its mark, the
+        # dearer case), as Claude Code gives it.
+        for i in range(50):
+            agora.call(store, "reserve", {"paths": [f"lib/part{i}/**", f"docs/{i}.md"]},
+                       agora.Caller(f"reserver{i}", True))
+        project = os.path.join(work, "project")
+        os.makedirs(os.path.join(project, ".git"))
+        edit_hook = agora.hook_argv("edit", "claude", ["--as", "hooked", "--db", db])
+        edits, edit_floors, runs = [], [], itertools.count()
+
+        def edit_input(i):
+            return json.dumps({"cwd": project, "tool_name": "Edit", "tool_input": {
+                "file_path": os.path.join(project, "src", f"mod{next(runs)}.py")}})
+        for _ in range(ROUNDS):
+            edits.append(wall(lambda i: edit_hook, env=person, make_input=edit_input))
+            edit_floors.append(wall(lambda i: hook_floor, env=person))
+        rows.append(("hook edit, a new file, 100 reservations held (ms)",
+                     statistics.median(edits), statistics.median(edit_floors),
+                     "ratio <= 1.50", lambda r: r <= 1.50))
 
         # What idle waiters cost: 100 read wait=60 long-polls, of 100 agents in two
         # processes, sitting idle while the server's CPU time is read.

@@ -395,9 +395,9 @@ class Codex(Client):
         return dict(base_env(scratch), CODEX_HOME=os.path.join(scratch.home, ".codex"),
                     FAKE_API_KEY="sk-test")
 
-    def config(self, scratch, model, mcp=None):
-        """Write $CODEX_HOME/config.toml: provider, trust, hook trust, MCP servers."""
-        lines = ['model_provider = "fake"', 'model = "gpt-fake"',
+    def config(self, scratch, model, mcp=None, model_name="gpt-fake"):
+        """Write $CODEX_HOME/config.toml: provider, model, trust, hook trust, MCP servers."""
+        lines = ['model_provider = "fake"', f"model = {json.dumps(model_name)}",
                  'check_for_update_on_startup = false', "",
                  "[model_providers.fake]", 'name = "fake"',
                  f"base_url = {json.dumps(model.url + '/v1')}", 'env_key = "FAKE_API_KEY"',
@@ -416,8 +416,9 @@ class Codex(Client):
             lines.append("")
         scratch.write(".codex/config.toml", "\n".join(lines))
 
-    def headless(self, scratch, model, prompt, timeout=RUN_TIMEOUT, extra=(), mcp=None):
-        self.config(scratch, model, mcp)
+    def headless(self, scratch, model, prompt, timeout=RUN_TIMEOUT, extra=(), mcp=None,
+                 model_name="gpt-fake"):
+        self.config(scratch, model, mcp, model_name)
         return run(self.program() + ["exec", "--skip-git-repo-check", "--color", "never",
                                      *extra, prompt],
                    scratch.project, self.env(scratch, model), timeout)
@@ -762,6 +763,87 @@ def copilot_runs_claude_hooks(client, base):
         check(f"{label}: no hook fails in its log", "Loading repo hooks" in logs and not failed,
               failed[:3] or "it loaded no repository hooks")
         note(f"wall {done.wall:.1f}s, {len(turns)} turns, {len(logs.splitlines())} log lines")
+
+
+# How the fake model asks each client to write a file (PATH absolute, RELATIVE to the
+# project), and what makes the client offer its file-editing tools headless.
+EDIT_CALLS = {
+    "claude": lambda path, relative, text: tool("Write", {"file_path": path, "content": text}),
+    "codex": lambda path, relative, text: tool(
+        "apply_patch", f"*** Begin Patch\n*** Add File: {relative}\n+{text}\n*** End Patch\n"),
+    "gemini": lambda path, relative, text: tool("write_file", {"file_path": path,
+                                                               "content": text}),
+    "qwen": lambda path, relative, text: tool("write_file", {"file_path": path,
+                                                             "content": text}),
+    "copilot": lambda path, relative, text: tool("create", {"path": path, "file_text": text}),
+    "opencode": lambda path, relative, text: tool("write", {"filePath": path, "content": text}),
+}
+EDIT_OPTIONS = {"claude": ["--permission-mode", "acceptEdits"],
+                "gemini": ["--approval-mode", "auto_edit"],
+                "qwen": ["--approval-mode", "auto-edit"]}
+
+
+def edits_checked(client, base):
+    """Agora's check before each edit, live: the model asks to write a path bob reserved
+    (the tool result it gets names bob; nothing is written), one bob edited a minute ago
+    (written; the model's next request carries the warning; bob's news names the
+    editor), and a free one (written, nothing added); then, with agora down, a path
+    bob reserved is written all the same (an edit is never held hostage)."""
+    label = f"{client.name} edits"
+    name = f"{client.name}-agent"
+    files = {"reserved": "src/parser/lex.py", "edited": "docs/guide.md", "free": "notes/free.txt"}
+    for down in (False, True):
+        with Session(base, f"{client.name}-edits{'-down' if down else ''}") as (scratch, model):
+            agora(scratch.db, "brief", "--as", name)
+            agora(scratch.db, "reserve", "paths=src/parser/**", "reason=parser rewrite",
+                  "--as", "bob")
+            store = under_test().Store(scratch.db)
+            try:                # bob's mark, a minute old
+                under_test().call(store, "edit", {"paths": [files["edited"]]},
+                                  under_test().Caller("bob", True), int(time.time()) - 60,
+                                  face="cli")
+            finally:
+                store.close()
+            write_hooks(client.name, scratch, name, url=UNREACHABLE if down else None)
+            subprocess.run(["git", "init", "-q", scratch.project], check=True)
+            for path in files.values():         # some clients create no folders
+                os.makedirs(os.path.dirname(os.path.join(scratch.project, path)), exist_ok=True)
+            order = ["reserved"] if down else ["reserved", "edited", "free"]
+            model.set_script([EDIT_CALLS[client.name](os.path.join(scratch.project, files[kind]),
+                                                      files[kind], f"EDIT-{kind.upper()}")
+                              for kind in order] + ["done"])
+            # Codex offers apply_patch only to a model of its own catalog
+            catalog = {"model_name": "gpt-5.5"} if client.name == "codex" else {}
+            done = client.headless(scratch, model, "PROMPT-EDITS write the files",
+                                   extra=EDIT_OPTIONS.get(client.name, []), **catalog)
+            turns = ended_well(f"{label}{' (agora down)' if down else ''}", done, model)
+            if len(turns) < len(order) + 1:
+                check(f"{label}: the model got a tool result for each edit",
+                      False, f"{len(turns)} requests")
+                continue
+            results = [added_text(turns[at + 1], turns[at]) for at in range(len(order))]
+            written = {kind: os.path.exists(os.path.join(scratch.project, files[kind]))
+                       for kind in order}
+            if down:
+                check(f"{label}: agora down, the reserved path is written all the same",
+                      written["reserved"], results[0][-300:])
+                continue
+            check(f"{label}: a path bob reserved is refused, the tool result naming bob, "
+                  "nothing written", not written["reserved"] and "reserved by bob" in results[0],
+                  [written["reserved"], results[0][-300:]])
+            note(f"refusal: {fragment(results[0], 'reserved by bob', 60, 90)!r}")
+            warning = "bob edited docs/guide.md 1m ago"
+            mail = agora(scratch.db, "read", "--as", "bob")
+            check(f"{label}: a path bob edited a minute ago is written, the model's next "
+                  "request warns of bob, and bob hears of the editor",
+                  written["edited"] and warning in results[1] and
+                  f"{name} is editing docs/guide.md" in mail,
+                  [written["edited"], results[1][-300:], mail[-200:]])
+            note(f"warning: {fragment(results[1], warning, 60, 60)!r}")
+            check(f"{label}: a free path is written with nothing added",
+                  written["free"] and "bob" not in results[2]
+                  and "before you change it" not in results[2],
+                  [written["free"], results[2][-300:]])
 
 
 def claude_print_speed(client, base):
@@ -1310,6 +1392,7 @@ def main(argv=None):
                 opencode_interactive_wake(client, base)
             if client.name == "copilot":
                 copilot_runs_claude_hooks(client, base)
+            edits_checked(client, base)
             for transport in ("stdio", "http"):
                 mcp_round_trip(client, base, transport)
             if client.name == "claude":

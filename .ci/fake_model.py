@@ -10,8 +10,9 @@ speaks three wire formats:
 
 - Anthropic Messages: `POST /v1/messages` (SSE when "stream" is true, one JSON
   message otherwise) and `POST /v1/messages/count_tokens`; Claude Code.
-- OpenAI Responses: `POST /v1/responses`, streamed as SSE (text, or a
-  function_call item); Codex.
+- OpenAI Responses: `POST /v1/responses`, streamed as SSE (text, a
+  function_call item, or a custom_tool_call for a tool taking text, such as
+  apply_patch); Codex.
 - Gemini: `POST .../models/M:streamGenerateContent?alt=sse`, `...:generateContent`
   and `...:countTokens` (text and functionCall parts); Gemini CLI.
 - OpenAI Chat Completions: `POST .../chat/completions` (SSE chunks when "stream" is
@@ -55,10 +56,12 @@ def text(value):
 
 
 def tool(name, arguments=None, namespace=None):
-    """Answer a scripted reply that calls tool NAME with ARGUMENTS (a dict). NAMESPACE
+    """Answer a scripted reply that calls tool NAME with ARGUMENTS (a dict; for an OpenAI
+    Responses custom tool, such as Codex's apply_patch, the text it takes). NAMESPACE
     is for an OpenAI Responses tool of type "namespace" (Codex puts each MCP server's
     tools in one: namespace "mcp__agora", name "read")."""
-    reply = {"tool": name, "input": dict(arguments or {})}
+    reply = {"tool": name, "input": arguments if isinstance(arguments, str)
+             else dict(arguments or {})}
     if namespace:
         reply["namespace"] = namespace
     return reply
@@ -428,7 +431,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._event({"type": "response.created", "response": base}, "response.created")
         output = []
         for index, block in enumerate(blocks):
-            if "tool" in block:
+            if "tool" in block and isinstance(block["input"], str):    # a custom tool
+                item = {"type": "custom_tool_call", "id": self.model.next_id("ctc"),
+                        "call_id": self.model.next_id("call"), "name": block["tool"],
+                        "input": block["input"], "status": "completed"}
+                self._event({"type": "response.output_item.added", "output_index": index,
+                             "item": dict(item, input="", status="in_progress")},
+                            "response.output_item.added")
+            elif "tool" in block:
                 item = {"type": "function_call", "id": self.model.next_id("fc"),
                         "call_id": self.model.next_id("call"), "name": block["tool"],
                         "arguments": json.dumps(block["input"]), "status": "completed"}
