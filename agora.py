@@ -5615,7 +5615,8 @@ def rest_face(server, request):
         if not isinstance(args, dict):
             raise HTTPFailure(400, "the body must be a JSON object of arguments")
     return rest_answer(name, _wants_text(request.headers),
-                       lambda: call(server.store, name, args, request.caller, face="rest"))
+                       lambda: call(server.store, name, args, request.caller,
+                                    face=request.caller.face))
 
 
 def rest_answer(name, text, run):
@@ -7953,6 +7954,7 @@ def _serve_command(options):
                          "--public-url URL.")
     with contextlib.closing(Store(getattr(options, "db", None) or default_db_path(),
                                   join_key=options.join_key)) as store:
+        store.editing = max(1, options.editing) * 60
         if options.a2a_guest:
             try:
                 ensure_local_agent(store, options.a2a_guest, int(time.time()))
@@ -8085,6 +8087,9 @@ def _build_parser(command=None, argv=()):
         add("--silent-after", type=int, default=SILENT_AFTER, metavar="SECONDS",
             help="tell a person of their agent unseen this long holding work "
                  f"(default {SILENT_AFTER})")
+        add("--editing", type=int, default=EDITING // 60, metavar="MINUTES",
+            help="an agent's edit of a file is told to the next editor this long "
+                 f"(default {EDITING // 60})")
         add("--notify-private", action="store_true",
             help="let notices go over http to loopback and private addresses (a LAN ntfy)")
     if "stdio" in built:

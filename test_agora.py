@@ -5327,6 +5327,41 @@ class AllowHostServerTest(ServerCase):
 # MCP over HTTP and stdio #####################################################
 ###############################################################################
 
+class EditOverHttpTest(ServerCase):
+    """The edit check over HTTP: REST serves it to the hook (--url), no face lists it."""
+
+    def test_the_hook_checks_over_rest_and_no_listing_offers_edit(self):
+        bob, carol = self.join("bob"), self.join("carol")
+        self.request("POST", "/api/reserve", {"paths": ["src/**"], "reason": "rewrite"}, bob)
+        status, _, body = self.request("POST", "/api/edit", {"paths": ["src/a.py"]}, carol)
+        self.assertEqual((status, body["refuse"]), (200, True))
+        self.assertEqual(self.request("GET", "/api/edit?paths=src/a.py", token=carol)[0], 405)
+        self.assertEqual(self.request("POST", "/api/edit", {"paths": ["x"]},
+                                      headers={"Origin": f"http://127.0.0.1:{self.port}"},
+                                      token=carol)[0], 404)     # the page is not built on it
+        self.assertNotIn("edit", [op["name"] for op in self.request("GET", "/api")[2]["ops"]])
+        listed = self.request("POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                              headers={"Accept": "application/json, text/event-stream"})[2]
+        self.assertNotIn("edit", [tool["name"] for tool in listed["result"]["tools"]])
+        project = os.path.join(self.dir, "project")
+        os.makedirs(os.path.join(project, ".git"))
+        done = subprocess.run([sys.executable, AGORA, "hook", "edit", "--url",
+                               f"http://127.0.0.1:{self.port}"], capture_output=True, text=True,
+                              timeout=30, input=json.dumps({"cwd": project, "tool_input": {
+                                  "file_path": os.path.join(project, "src", "a.py")}}),
+                              env=dict(os.environ, AGORA_TOKEN=carol, HOME=self.dir))
+        self.assertIn("src/a.py is reserved by bob", json.loads(done.stdout)[
+            "hookSpecificOutput"]["permissionDecisionReason"])
+
+    def test_serve_editing_sets_the_window_in_minutes(self):
+        seen = []
+        with unittest.mock.patch.object(agora, "serve",
+                                        lambda store, *a, **k: seen.append(store.editing)):
+            agora.main(["serve", "--db", os.path.join(self.dir, "w.db"), "--editing", "3"])
+            agora.main(["serve", "--db", os.path.join(self.dir, "w.db")])
+        self.assertEqual(seen, [180, agora.EDITING])
+
+
 class McpHttpTest(ServerCase):
 
     def rpc(self, method, params=None, message_id=1, token=None, headers=None, path="/mcp"):

@@ -783,6 +783,20 @@ EDIT_OPTIONS = {"claude": ["--permission-mode", "acceptEdits"],
                 "qwen": ["--approval-mode", "auto-edit"]}
 
 
+def agora_commands(path):
+    """Answer the command lines of agora's hooks in the hook file at PATH (OpenCode's
+    plugin: its HOOKS, each as one shell line)."""
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    if path.endswith(".js"):
+        hooks = json.loads(re.search(r"^const HOOKS = (.*);$", source, re.M).group(1))
+        return [shlex.join(argv) for argv in hooks.values()]
+    return [handler.get("bash", handler.get("command", ""))
+            for groups in json.loads(source)["hooks"].values() for group in groups
+            for handler in group.get("hooks", [group])
+            if "hook" in str(handler.get("bash", handler.get("command", "")))]
+
+
 def edits_checked(client, base):
     """Agora's check before each edit, live: the model asks to write a path bob reserved
     (the tool result it gets names bob; nothing is written), one bob edited a minute ago
@@ -804,7 +818,15 @@ def edits_checked(client, base):
                                   face="cli")
             finally:
                 store.close()
-            write_hooks(client.name, scratch, name, url=UNREACHABLE if down else None)
+            path = write_hooks(client.name, scratch, name, url=UNREACHABLE if down else None)
+            if not down:
+                command = os.path.join(scratch.home, ".agora", "bin", "agora")
+                commands = agora_commands(path)
+                check(f"{label}: each hook agora wrote is short and plainly agora's",
+                      commands and all(len(line) < 200 and re.match(
+                          rf"(exec )?{re.escape(command)} hook \S+ ", line) for line in commands),
+                      commands)
+                note(f"hook: {commands[-1]!r}")
             subprocess.run(["git", "init", "-q", scratch.project], check=True)
             for path in files.values():         # some clients create no folders
                 os.makedirs(os.path.dirname(os.path.join(scratch.project, path)), exist_ok=True)
