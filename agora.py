@@ -6729,7 +6729,7 @@ HOOK_EVENTS = ("session-start", "prompt", "stop", "wake", "edit", "edited")
 COMMAND = object()          # where a hook entry's command line goes (HookClient.entry)
 
 EditHook = namedtuple("EditHook", "before after matcher paths patch input answer",
-                      defaults=(None, "tool_input", "nested"))
+                      defaults=(None, ("tool_input",), "nested"))
 EditHook.__doc__ = """How a client's hooks around its file-editing tools are written and read.
 
 BEFORE: its pre-tool event, where agora's `hook edit` checks the paths and can refuse.
@@ -6738,8 +6738,8 @@ edit, for a client whose pre-tool hook cannot carry text to the model for an edi
 goes ahead (else None: `hook edit` tells it). MATCHER: its file-editing tools, in its own
 matcher syntax, and nothing else, so no other tool pays. PATHS: the keys of the tool's
 input that name a file it writes; PATCH: the key of a patch whose headers name them
-(Codex's apply_patch). INPUT: the key of the hook's input holding the tool's input (a
-JSON object, or text holding one). ANSWER: how a refusal and a line for the model are
+(Codex's apply_patch). INPUT: the keys of the hook's input that may hold the tool's
+input: a JSON object, text holding one, or a patch as text (Copilot CLI's apply_patch). ANSWER: how a refusal and a line for the model are
 answered: "nested" (hookSpecificOutput, named by its event: permissionDecision "deny"
 with its reason, or additionalContext), "decision" (decision "deny" and reason), or "top"
 (permissionDecision and permissionDecisionReason, or additionalContext, at the top level)."""
@@ -6805,8 +6805,10 @@ HOOK_CLIENTS = {
          ("agentStop", "stop")),
         user_first=True, context="top", flat=True, trouble="exit 2",
         entry={"type": "command", "bash": COMMAND, "timeoutSec": 30},
-        edit=EditHook("preToolUse", None, "edit|create", ("path",), input="toolArgs",
-                      answer="top"),
+        # toolArgs in its own files; tool_input where it runs Claude Code's (in a trusted
+        # folder: Claude's tool names, its own arguments)
+        edit=EditHook("preToolUse", None, "edit|create|apply_patch", ("path",),
+                      input=("toolArgs", "tool_input"), answer="top"),
         trust=("project", "Copilot CLI runs a project's hooks only in a trusted folder: "
                           "trust it when copilot asks (or add it to trustedFolders in "
                           "~/.copilot/config.json).")),
@@ -7493,9 +7495,12 @@ PATCH_FILE = re.compile(r"^\*\*\* (?:(?:Add|Update|Delete) File|Move to): (.+?)\
 def edit_paths(facts, given):
     """Answer the paths the tool call in GIVEN (a hook's input) will write, as the tool
     names them: EditHook FACTS says where they are."""
-    tool_input = given.get(facts.input)
-    if isinstance(tool_input, str):             # Copilot CLI: the arguments as JSON text
-        tool_input = parse_json_or_none(tool_input)
+    tool_input = next((given[key] for key in facts.input if key in given), None)
+    if isinstance(tool_input, str):             # JSON text, or a patch (Copilot CLI)
+        parsed = parse_json_or_none(tool_input)
+        if not isinstance(parsed, dict):
+            return PATCH_FILE.findall(tool_input)
+        tool_input = parsed
     if not isinstance(tool_input, dict):
         return []
     found = [tool_input[key] for key in facts.paths if isinstance(tool_input.get(key), str)]

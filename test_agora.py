@@ -3571,6 +3571,17 @@ class EditHookTest(HookCase):
                .body["messages"]]
         self.assertEqual(bob, ["carol is editing docs/a.md, which you edited 1m ago"] * 6)
 
+    def test_copilot_in_claude_codes_hooks_and_with_a_patch_is_checked_too(self):
+        hybrid = {"cwd": self.project, "tool_name": "Write", "tool_input": {   # .claude/ run
+            "path": os.path.join(self.project, "src/parser/lex.py"), "file_text": "x"}}
+        patch = {"cwd": self.project, "toolName": "apply_patch", "toolArgs": (
+            "*** Begin Patch\n*** Add File: src/parser/new.py\n+x\n*** End Patch\n")}
+        for argv, given in ((["edit"], hybrid), (["edit", "--client", "copilot"], patch)):
+            with self.subTest(given=given):
+                status, out, err = self.hook(*argv, "--as", "carol", stdin=json.dumps(given),
+                                             env={"COPILOT_CLI": "1"})
+                self.assertEqual(json.loads(out)["permissionDecision"], "deny", err)
+
     def test_paths_are_taken_relative_to_the_repository_top(self):
         sub = os.path.join(self.project, "src", "deep")
         os.makedirs(sub)

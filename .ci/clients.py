@@ -15,7 +15,12 @@ and a scratch agora database, and each check looks at what reached "the model"
   so does OpenCode's TUI, through agora's plugin, which also wakes it with a message
   posted mid-turn as the turn ends (it has no stop hook), and none in `opencode run`;
 - Copilot CLI in a trusted repository with Claude Code's hooks (hook install claude)
-  runs them with no fault in its log, and takes the brief from them;
+  runs them with no fault in its log, takes the brief from them, and is refused an
+  edit of a file another agent reserved by Claude Code's edit hook;
+- each client's editing tool, through agora's check before each edit: refused on a
+  file another agent reserved, warned of one another agent edited a minute ago
+  (that agent told too), silent on a free one, let through with agora down; every
+  hook agora wrote short and naming agora's own command;
 - MCP round trips over stdio and HTTP: a tool result carrying the message reaches
   the model, and the model's post lands in agora;
 - a hook that cannot reach agora tells the person in one line, wherever the client
@@ -741,12 +746,18 @@ def hooks_session(client, base):
 def copilot_runs_claude_hooks(client, base):
     """A repository with agora's Claude Code hooks only (hook install claude), in a folder
     Copilot CLI trusts: Copilot runs them too, as shell strings, and must get its own
-    answer shape from them (the brief in request 1) with nothing failing in its log."""
+    answer shape from them (the brief in request 1; a refused edit of a file bob
+    reserved, which Copilot hands the edit hook in Claude's names with its own
+    arguments) with nothing failing in its log."""
     label = "copilot in a repo with claude's hooks"
     name = "claude-agent"
     with Session(base, "copilot-claude-hooks") as (scratch, model):
         agora(scratch.db, "brief", "--as", name)
+        agora(scratch.db, "reserve", "paths=src/**", "reason=rewrite", "--as", "bob")
         write_hooks("claude", scratch, name)
+        os.makedirs(os.path.join(scratch.project, "src"))
+        reserved = os.path.join(scratch.project, "src", "lex.py")
+        model.set_script([EDIT_CALLS["copilot"](reserved, "src/lex.py", "EDIT"), "done"])
         scratch.write(".copilot/config.json", {"trustedFolders": [scratch.project]})
         done = client.headless(scratch, model, "PROMPT-9 hello")
         turns = ended_well(label, done, model)
@@ -755,6 +766,9 @@ def copilot_runs_claude_hooks(client, base):
         first = request_text(turns[0])
         check(f"{label}: request 1 carries the brief", f"{name} (no status" in first,
               first[-300:])
+        result = added_text(turns[1], turns[0]) if len(turns) > 1 else ""
+        check(f"{label}: Claude Code's edit hook refuses its edit of a file bob reserved",
+              not os.path.exists(reserved) and "reserved by bob" in result, result[-300:])
         logs = ""
         for path in glob.glob(os.path.join(scratch.home, ".copilot", "logs", "*")):
             with open(path, encoding="utf-8", errors="replace") as f:

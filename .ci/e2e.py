@@ -11,6 +11,7 @@ decision at laptop and phone sizes land in .interop/. Loopback only; ends with
 """
 
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -174,6 +175,7 @@ def team(page, url, db, bot):
     act(url, "claim", {"id": design, "lease": 1800}, bot)
     act(url, "reserve", {"paths": "web/**", "project": "site", "exclusive": False,
                          "reason": HOSTILE_REASON}, bot)
+    act(url, "edit", {"paths": ["docs/<img src=x onerror=window.pwned=1>.md"]}, bot)
     act(url, "brief", {"status": "reviewing the parser"}, bot)
     page.click("nav button[data-tab=team]")
     row = page.wait_for_selector("#team li[data-agent=bot]:has-text('reviewing the parser')")
@@ -184,6 +186,8 @@ def team(page, url, db, bot):
     check("the team row shows its reservations: pattern, kind, time left, why",
           "src/parser/**" in text and "exclusive" in text and "web/** in site · shared" in text
           and "hostile reason" in text, text)
+    check("the team row shows the file the agent is editing, and since when",
+          re.search(r"editing docs/<img src=x onerror=window.pwned=1>.md, \d+s", text), text)
     check("a reservation's reason with markup is shown as text",
           "<img src=x" in text and page.evaluate("window.pwned") is None)
     mine = page.inner_text("#team li[data-agent=you]")
