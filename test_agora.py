@@ -3617,7 +3617,7 @@ class EditHookTest(HookCase):
         down.close()
         for url, words in ((dead, "cannot reach agora"), (
                 f"http://127.0.0.1:{silent.getsockname()[1]}", "did not answer within 2 s")):
-            for client in ("claude", "copilot", "gemini"):
+            for client in ("claude", "copilot", "gemini") if url == dead else ("copilot",):
                 with self.subTest(url=url, client=client):
                     started = time.monotonic()
                     done = subprocess.run(
