@@ -467,11 +467,13 @@ def main():
         # reservations, each run a file not edited before (so it writes its mark, the
         # dearer case), as Claude Code gives it.
         for i in range(50):
-            agora.call(store, "reserve", {"paths": [f"lib/part{i}/**", f"docs/{i}.md"]},
+            agora.call(store, "reserve", {"paths": [f"lib/part{i}/**", f"docs/{i}.md"],
+                                          "project": "edits"},
                        agora.Caller(f"reserver{i}", True))
         project = os.path.join(work, "project")
         os.makedirs(os.path.join(project, ".git"))
-        edit_hook = agora.hook_argv("edit", "claude", ["--as", "hooked", "--db", db])
+        edit_hook = agora.hook_argv("edit", "claude", ["--as", "hooked", "--db", db,
+                                                       "--project-name", "edits"])
         edits, edit_floors, runs = [], [], itertools.count()
 
         def edit_input(i):
