@@ -3649,10 +3649,11 @@ class EditHookTest(HookCase):
                 first = next((line for line in out.split("\\n") if line.startswith("carol")),
                              "")
                 self.assertEqual(agora.EDITS_CHECKED in first, said, out)
-        self.assertIn(f"carol (no status; brief status=... sets one) · {agora.EDITS_CHECKED}",
-                      agora.session_start_text(agora.AgentLink(self.db, "carol"),
-                                               "carol (no status; brief status=... sets one)\n"
-                                               "next: x", True))
+        with contextlib.closing(agora.AgentLink(self.db, "carol")) as link:
+            self.assertIn(f"carol (no status; brief status=... sets one) · "
+                          f"{agora.EDITS_CHECKED}", agora.session_start_text(
+                              link, "carol (no status; brief status=... sets one)\nnext: x",
+                              True))
 
 
 class PeerTextTest(HookCase):
