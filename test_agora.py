@@ -7187,6 +7187,10 @@ class GuardTest(unittest.TestCase):
             done = self.agora("guard", "install", "--as", "alice", "--db", self.db)
             self.assertEqual(done.returncode, 0, done.stderr)
         self.assertEqual(sorted(os.listdir(hooks)), ["pre-commit", "pre-commit.before-agora"])
+        with open(os.path.join(hooks, "pre-commit"), encoding="utf-8") as f:
+            run = f.read().splitlines()[-1]     # agora's own command, short and plain
+        self.assertEqual(run, f"exec {os.path.join(self.dir, 'home', '.agora', 'bin', 'agora')} "
+                              f"guard --as alice --db {self.db}")
         self.git("add", "src/parser/lex.py")
         commit = self.git("commit", "-m", "touch the parser", check=False)
         self.assertNotEqual(commit.returncode, 0)
