@@ -6665,8 +6665,16 @@ def agora_folder(*parts, create=True):
 
 
 def default_db_path(create=True):
-    """Answer $AGORA_DB, else ~/.agora/agora.db (creating its folder, when CREATE)."""
-    return os.environ.get("AGORA_DB") or os.path.join(agora_folder(create=create), "agora.db")
+    """Answer $AGORA_DB, else ~/.agora/agora.db (creating its folder, when CREATE); a folder
+    that cannot be made is a refusal saying what to do instead."""
+    if os.environ.get("AGORA_DB"):
+        return os.environ["AGORA_DB"]
+    try:
+        return os.path.join(agora_folder(create=create), "agora.db")
+    except OSError as error:
+        raise StoreError(f"cannot make agora's folder {agora_folder(create=False)}: "
+                         f"{error.strerror or error}",
+                         hint="name the file with --db PATH, or set $AGORA_DB") from None
 
 
 class AgentLink:
@@ -6912,14 +6920,23 @@ def write_file(path, text, executable=False):
     """Write TEXT to PATH in a person's project or home as agora writes there: never through
     a symbolic link (a linked file or folder is refused), by way of a temp file created
     exclusively beside it, keeping the file's mode (a new one: the umask's, executable
-    when EXECUTABLE)."""
-    import stat
-    import tempfile
+    when EXECUTABLE). What the system refuses (a folder not writable) is a refusal."""
     folder = os.path.dirname(os.path.abspath(path))
     for name in (path, folder):
         if os.path.islink(name):
             raise Forbidden(f"{name} is a symbolic link; agora writes nothing through one, so "
                             f"{path} was left untouched", hint="write the file itself there")
+    try:
+        _write_file(path, folder, text, executable)
+    except OSError as error:
+        raise Forbidden(f"cannot write {path}: {error.strerror or error}",
+                        hint="name another folder, one you may write") from None
+
+
+def _write_file(path, folder, text, executable):
+    """Write TEXT to PATH in FOLDER (write_file), by a temp file renamed over it."""
+    import stat
+    import tempfile
     os.makedirs(folder, exist_ok=True)
     try:
         mode = stat.S_IMODE(os.lstat(path).st_mode)
@@ -7098,10 +7115,10 @@ def _install_command(options):
         with open(target, encoding="utf-8", errors="replace") as f:
             if INSTALL_MARK not in f.read(4096):
                 raise Conflict(f"{target} exists and is not agora's command; left untouched")
+    write_file(target, command_script("install"), executable=True)
     if not cache_bytecode():
         print(f"agora: {BYTECODE_CACHE} is not a folder of yours alone: the command compiles "
               "agora on every run", file=sys.stderr)
-    write_file(target, command_script("install"), executable=True)
     on_path = folder in os.environ.get("PATH", "").split(os.pathsep)
     print(f"agora: {target} runs {source}"
           + ("" if on_path else f" ({folder} is not on PATH: call it by its full path)"))
@@ -8171,18 +8188,35 @@ def main(argv=None):
     if command is not None and command.long_lived:
         _restart_from_bytecode(argv)
     try:
-        if command is not None:
-            return command.run(options)
-        if offered(options.command):
-            return _run_op(options.command, options)
-        parser.print_help(sys.stderr)
-        return 2
-    except AgoraError as error:
-        print(f"agora: {error.text}", file=sys.stderr)
-        return 1
-    except UsageError as error:
-        print(f"agora: {options.command}: {error}", file=sys.stderr)
-        return 2
+        try:
+            if command is not None:
+                status = command.run(options)
+            elif offered(options.command):
+                status = _run_op(options.command, options)
+            else:
+                parser.print_help(sys.stderr)
+                status = 2
+        except AgoraError as error:
+            print(f"agora: {error.text}", file=sys.stderr)
+            status = 1
+        except UsageError as error:
+            print(f"agora: {options.command}: {error}", file=sys.stderr)
+            status = 2
+        sys.stdout.flush()          # a reader gone shows here, not at exit
+    except KeyboardInterrupt:       # Ctrl-C: quietly, with the status shells give it
+        return 130
+    except BrokenPipeError:         # ops | head: the reader has all it wanted
+        write_nowhere(sys.stdout)
+        return 141
+    except OSError as error:        # the answer could not be written (a full disk)
+        write_nowhere(sys.stdout)
+        print(f"agora: the answer could not be written: {error.strerror}", file=sys.stderr)
+        status = 1
+    try:                            # a log line that cannot be written never will be: the
+        sys.stderr.flush()          # command's work is done all the same (not exit 120)
+    except OSError:
+        write_nowhere(sys.stderr)
+    return status
 
 
 ###############################################################################

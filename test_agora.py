@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -7919,6 +7920,81 @@ class ChannelTest(ServerCase):
         token = self.join("carol")
         process = self.start("--url", f"http://127.0.0.1:{self.port}", "--token", token)
         self.push_and_check(process, self.session(process))
+
+
+class NoTracebackTest(unittest.TestCase):
+    """What a person does by the way (Ctrl-C, a pipe into head, a HOME agora cannot use, a
+    log on a full disk) ends in one line or none, with the status tools give it."""
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.db = os.path.join(self.dir, "agora.db")
+        self.env = dict(os.environ, HOME=self.dir, AGORA_AS="", AGORA_URL="", AGORA_DB="")
+
+    def agora(self, *argv, env=None, **run):
+        return subprocess.run([sys.executable, AGORA, *argv], capture_output=True, text=True,
+                              timeout=60, env=dict(self.env, **(env or {})), **run)
+
+    def test_ctrl_c_during_a_wait_ends_quietly_with_130(self):
+        store = agora.Store(self.db)
+        self.addCleanup(store.close)
+        server = serve_in_thread(self, store)
+        token = agora.call(store, "join", {"name": "remote"}).body["token"]
+        folder = os.path.join(self.dir, "bin")
+        self.assertEqual(self.agora("install", folder).returncode, 0)
+        local = ["--as", "bob", "--db", self.db]
+        waits = [[sys.executable, AGORA, "read", "wait=30", *local],
+                 [sys.executable, AGORA, "news", "wait=30", *local],
+                 [sys.executable, AGORA, "read", "wait=30", "--url",
+                  f"http://127.0.0.1:{server.server_address[1]}", "--token", token],
+                 [os.path.join(folder, "agora"), "read", "wait=30", *local]]
+        started = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=self.env) for argv in waits]
+        time.sleep(2)                       # each is waiting by now
+        for process in started:
+            process.send_signal(signal.SIGINT)
+        for argv, process in zip(waits, started):
+            with self.subTest(argv[2:4] if argv[0] == sys.executable else argv[:2]):
+                out, err = process.communicate(timeout=30)
+                self.assertEqual((process.returncode, out, err), (130, "", ""))
+
+    def test_a_reader_that_leaves_ends_it_quietly(self):
+        process = subprocess.Popen([sys.executable, AGORA, "ops"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=self.env)
+        process.stdout.close()              # gone before a byte was written
+        self.assertEqual((process.wait(timeout=30), process.stderr.read()), (141, ""))
+        process.stderr.close()
+        with open("/dev/full", "w") as full:     # a disk with no room for the answer
+            done = subprocess.run([sys.executable, AGORA, "ops"], stdout=full, text=True,
+                                  stderr=subprocess.PIPE, timeout=60, env=self.env)
+        self.assertEqual((done.returncode, done.stderr), (1, "agora: the answer could not be "
+                                                          "written: No space left on device\n"))
+
+    def test_a_home_agora_cannot_use_is_one_line(self):
+        home = os.path.join(self.dir, "a-file")
+        with open(home, "w") as f:
+            f.write("not a folder\n")
+        for argv, said in ((["brief", "--as", "bob"], "name the file with --db PATH, or set "
+                                                      "$AGORA_DB"),
+                           (["install"], "cannot write")):
+            with self.subTest(argv[0]):
+                done = self.agora(*argv, env={"HOME": home})
+                self.assertEqual(done.returncode, 1, done.stderr)
+                self.assertEqual(len(done.stderr.splitlines()), 1, done.stderr)
+                self.assertIn(said, done.stderr)
+
+    def test_a_stop_whose_log_cannot_be_written_still_ends_well(self):
+        with open("/dev/full", "w") as full:
+            process = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
+                                        "--db", self.db], stdout=subprocess.PIPE, stderr=full,
+                                       text=True, env=self.env)
+        url = re.search(r"(http://\S+)", process.stdout.readline()).group(1)
+        for _ in range(3):                  # request lines for the log that is full
+            with urllib.request.urlopen(url + "/api", timeout=30) as answer:
+                answer.read()
+        process.send_signal(signal.SIGTERM)
+        self.assertEqual(process.wait(timeout=30), 0)
+        process.stdout.close()
 
 
 ###############################################################################
