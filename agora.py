@@ -81,6 +81,7 @@ __version__ = "0.1.0"
 
 DEFAULT_PORT = 8820
 MAX_REQUEST_BODY = 1024 * 1024
+MAX_TEXT = 16384            # characters a message, a note or a task's body may hold
 MAX_JSON_DEPTH = 32
 DEDUP_SECONDS = 10          # an identical post within this many seconds is a retry
 MAX_WAIT = 60               # seconds one long-poll (read wait=...) may block
@@ -687,6 +688,31 @@ def private_file(path):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"     # how every SQLite database file begins
+
+
+def unusable_path(path):
+    """Answer the refusal a path given for agora's file is told as before SQLite opens it,
+    or None: no folder to hold it, a folder, or a file that is not SQLite at all (a
+    mistyped --db README.md), each said as what it is rather than as damage."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return NotFound(f"no folder {folder} for agora's file {path}",
+                        hint="make the folder, or name another file with --db PATH")
+    if os.path.isdir(path):
+        return BadRequest(f"{path} is a folder, not agora's file",
+                          hint=f"name a file in it: --db {os.path.join(path, 'agora.db')}")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except OSError:                     # none yet, or SQLite will say why not
+        return None
+    if head and head != SQLITE_HEADER:
+        return BadRequest(f"{path} is not an agora file (it is not SQLite)",
+                          hint="--db names agora's file (by default ~/.agora/agora.db)")
+    return None
+
+
 def hash_token(token):
     """Answer the stored form of a bearer token (only its sha256 is kept)."""
     import hashlib          # not for every command: loading OpenSSL costs a CLI post 10 %
@@ -751,6 +777,9 @@ class Store:
         self.writer = None          # a server's Writer: its writes run on that one thread
         self.editing = EDITING      # seconds an edit is told to the next editor (serve --editing)
         self._closed = False
+        unusable = unusable_path(path)
+        if unusable is not None:
+            raise unusable
         private_file(path)
         con = self.connect()
         try:
@@ -2157,8 +2186,8 @@ ID = {"type": "integer", "minimum": 1}
 NAME = _string(pattern=SLUG)
 LIMIT = _integer(1, MAX_LIMIT, default=20)
 LEASE = _integer(1, 86400, "seconds", default=600)
-MESSAGE_BODY = _string(1, 16384)
-LONG_TEXT = _string(0, 16384)
+MESSAGE_BODY = _string(1, MAX_TEXT)
+LONG_TEXT = _string(0, MAX_TEXT)
 PROJECT_NAME = _string(pattern=PROJECT, default="")
 NOTE_KEY_NAME = _string(pattern=NOTE_KEY)
 FLAG = {"type": "boolean"}      # absent is false
@@ -6078,7 +6107,8 @@ class RequestHandler:
             raise HTTPFailure(400, "Content-Length is not a number", close=True)
         length = int(text)
         if length > MAX_REQUEST_BODY:
-            raise HTTPFailure(413, f"the request body is over {MAX_REQUEST_BODY} bytes",
+            raise HTTPFailure(413, f"the request body is over {MAX_REQUEST_BODY:,} bytes (a "
+                                   f"message or note holds at most {MAX_TEXT:,} characters)",
                               close=True)
         body = self.rfile.read(length) if length else b""
         if len(body) < length:
@@ -6696,6 +6726,11 @@ class AgentLink:
             return result.text if text else result.body
         return remote_call(self.url, self.token, name, args, not text, self.timeout)
 
+    def knows(self, name):
+        """Answer whether the local file has agent NAME."""
+        with self.store.transaction() as db:
+            return _agent_exists(db, name)
+
     def mark(self):
         """Answer where the file is, as news sees it: a later mark says it changed (over
         --url, None: only the server sees its file)."""
@@ -6886,17 +6921,36 @@ def _link(options, timeout=REMOTE_TIMEOUT, operator=False):
     return AgentLink(db=getattr(options, "db", None), name=as_name, timeout=timeout)
 
 
+def utf8_text(name, data):
+    """Answer DATA (bytes given for argument NAME) as text, or refuse it saying where it is
+    not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BadRequest(f"{name} is not UTF-8 text (byte 0x{data[error.start]:02x} at "
+                         f"{error.start})") from None
+
+
 def _run_op(name, options):
-    """Run one operation, locally or over --url, and print its text (or JSON)."""
+    """Run one operation, locally or over --url, and print its text (or JSON). A name used
+    for the first time on the local file is said on stderr: a typo is seen at once."""
     args = {}
     for pair in options.pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"expected key=value, got {pair!r}")
-        args[key] = sys.stdin.read().rstrip("\n") if value == "-" else value
+        if value == "-":                # stdin's bytes (text, where it is no file)
+            stdin = getattr(sys.stdin, "buffer", sys.stdin)
+            value = stdin.read()
+        if isinstance(value, str):      # argv keeps bytes not UTF-8 as surrogates
+            value = value.encode("utf-8", "surrogateescape")
+        args[key] = utf8_text(key, value).rstrip("\n")
     with contextlib.closing(_link(options, operator=name == "join")) as link:
         try:
+            known = link.store is None or link.name is None or link.knows(link.name)
             answer = link.ask(name, args, text=not options.json)
+            if not known and link.knows(link.name):
+                print(f"agora: new agent {link.name}", file=sys.stderr)
         except Unauthorized as error:
             if not options.url:
                 raise
@@ -7241,6 +7295,9 @@ def _check_command(options):
     with SQLite's own words when it is damaged."""
     from urllib.parse import quote
     path = _existing_file(options)
+    unusable = unusable_path(path)
+    if unusable is not None:
+        raise unusable
     for attempt in (1, 2):      # a read the disk failed once is not damage: read it again
         try:
             uri = f"file:{quote(os.path.abspath(path))}?mode=rw"
@@ -8177,7 +8234,8 @@ def _build_parser(command=None, argv=()):
 def main(argv=None):
     """Run the command line; answer the exit status (0 ok, 1 refused, 2 usage), the one
     boundary of its errors: a command raises UsageError (2) or an AgoraError (1, its line on
-    stderr); else it answers its own result (a hook's 0, wake's 2, guard's 1, wait's 124)."""
+    stderr; a bad argument, 400, is 2); else it answers its own result (a hook's 0, wake's
+    2, guard's 1, wait's 124)."""
     argv = sys.argv[1:] if argv is None else argv
     parser = _build_parser(_command_word(argv), argv)
     try:
@@ -8196,9 +8254,9 @@ def main(argv=None):
             else:
                 parser.print_help(sys.stderr)
                 status = 2
-        except AgoraError as error:
+        except AgoraError as error:         # a bad argument (400) is a usage mistake
             print(f"agora: {error.text}", file=sys.stderr)
-            status = 1
+            status = 2 if isinstance(error, BadRequest) else 1
         except UsageError as error:
             print(f"agora: {options.command}: {error}", file=sys.stderr)
             status = 2

@@ -321,9 +321,10 @@ class StoreFileTest(unittest.TestCase):
     def test_not_a_database(self):
         with open(self.path, "wb") as f:
             f.write(b"this is not sqlite at all" * 100)
-        with self.assertRaises(agora.StoreError) as caught:
+        with self.assertRaises(agora.BadRequest) as caught:
             agora.Store(self.path)
-        self.assertIn(self.path, caught.exception.message)
+        self.assertEqual(caught.exception.message,
+                         f"{self.path} is not an agora file (it is not SQLite)")
 
     def test_a_damaged_page_is_told_plainly(self):
         store = agora.Store(self.path)
@@ -4096,6 +4097,8 @@ class RestTest(ServerCase):
         response = conn.getresponse()
         self.assertEqual(response.status, 413)
         self.assertEqual(response.getheader("Connection"), "close")
+        self.assertIn("a message or note holds at most 16,384 characters",
+                      json.loads(response.read())["error"])
 
     def test_a_body_at_the_limit_is_read(self):
         token = self.join("alice")
@@ -6266,7 +6269,7 @@ class RemoteCliTest(ServerCase):
         code, out, err = self.remote("task", "id=99")
         self.assertEqual((code, out, err), (1, "", "agora: no task #99 — tasks lists them\n"))
         code, _, err = self.remote("post", "body=")
-        self.assertEqual(code, 1)
+        self.assertEqual(code, 2)                   # a bad argument: 400, a usage mistake
         self.assertIn("body must be", err)
 
     def test_bad_or_missing_token(self):
@@ -6532,6 +6535,55 @@ class CliTest(unittest.TestCase):
             sys.stdin = old_stdin
         return code, out.getvalue(), err.getvalue()
 
+    def test_every_usage_mistake_exits_2_saying_what_is_wrong(self):
+        self.main("brief", "--as", "bob")
+        for argv, said in (
+                (["post", "bdy=hi"], "post has no argument 'bdy' — post takes body, channel"),
+                (["post", "body=hi", "priority=high"], "post has no argument 'priority'"),
+                (["post_task", "title=t", "priority=high"], "priority must be an integer"),
+                (["tasks", "which=opne"], "which must be one of open, blocked"),
+                (["post", "body=hi", "--as", "Bob"], "--as must be 1-48 characters"),
+                (["post", "body=" + "x" * 16385], "body must be 1-16384 characters"),
+                (["post", "body=caf\udce9"], "body is not UTF-8 text (byte 0xe9 at 3)")):
+            with self.subTest(argv[:2]):
+                code, out, err = self.main(*argv, *([] if "--as" in argv else ["--as", "bob"]))
+                self.assertEqual((code, out), (2, ""))
+                self.assertEqual(err.count("\n"), 1, err)
+                self.assertIn(said, err)
+        piped = subprocess.run([sys.executable, AGORA, "post", "body=-", "--as", "bob", "--db",
+                                self.db], input=b"caf\xe9 au lait", capture_output=True,
+                               timeout=60)
+        self.assertEqual((piped.returncode, piped.stderr),
+                         (2, b"agora: body is not UTF-8 text (byte 0xe9 at 3)\n"))
+
+    def test_a_new_local_name_is_said_once(self):
+        self.main("brief", "--as", "bob")
+        self.assertEqual(self.main("post", "body=hi", "--as", "bbo")[2], "agora: new agent bbo\n")
+        self.assertEqual(self.main("post", "body=again", "--as", "bbo")[2], "")
+        self.assertEqual(self.main("post", "body=hi", "--as", "bob")[2], "")
+
+    def test_what_db_names_is_said_as_what_it_is(self):
+        readme = os.path.join(HERE, "README.md")
+        missing = os.path.join(self.dir, "nope", "agora.db")
+        for argv, status, said in (
+                (["brief", "--as", "bob", "--db", missing], 1,
+                 f"no folder {os.path.dirname(missing)} for agora's file {missing}"),
+                (["brief", "--as", "bob", "--db", self.dir], 2,
+                 f"{self.dir} is a folder, not agora's file — name a file in it: --db "
+                 f"{os.path.join(self.dir, 'agora.db')}"),
+                (["brief", "--as", "bob", "--db", readme], 2,
+                 f"{readme} is not an agora file (it is not SQLite)"),
+                (["check", "--db", readme], 2,
+                 f"{readme} is not an agora file (it is not SQLite)")):
+            with self.subTest(argv[0], db=argv[-1]):
+                done = subprocess.run([sys.executable, AGORA, *argv], capture_output=True,
+                                      text=True, timeout=60, env=dict(os.environ, HOME=self.dir))
+                self.assertEqual(done.returncode, status, done.stderr)
+                self.assertTrue(done.stderr.startswith(f"agora: {said}"), done.stderr)
+                self.assertEqual(done.stderr.count("\n"), 1)
+                self.assertNotIn("damaged", done.stderr)
+        self.assertFalse(os.path.exists(os.path.dirname(missing)))
+
     def test_op_text_and_json(self):
         code, out, _ = self.main("post", "body=hello there", "--as", "alice")
         self.assertEqual((code, out), (0, "posted #1 to public\n"))
@@ -6562,7 +6614,7 @@ class CliTest(unittest.TestCase):
         code, _, err = self.main("post", "body=x")
         self.assertEqual(code, 2)
         self.assertIn("--as", err)
-        self.assertEqual(self.main("post", "body=x", "--as", "Bad")[0], 1)
+        self.assertEqual(self.main("post", "body=x", "--as", "Bad")[0], 2)
 
     def test_as_from_environment(self):
         os.environ["AGORA_AS"] = "envy"
@@ -6592,9 +6644,9 @@ class CliTest(unittest.TestCase):
         with open(self.db, "w") as f:
             f.write("garbage" * 1000)
         code, _, err = self.main("agents", "--as", "a")
-        self.assertEqual(code, 1)
-        self.assertIn("agora:", err)
-        self.assertNotIn("Traceback", err)
+        self.assertEqual(code, 2)
+        self.assertEqual(err, f"agora: {self.db} is not an agora file (it is not SQLite) — "
+                              "--db names agora's file (by default ~/.agora/agora.db)\n")
 
     def test_default_path_and_env(self):
         home = temp_dir(self)
@@ -6616,7 +6668,7 @@ class CliTest(unittest.TestCase):
                                "--db", self.db], cwd=HERE, capture_output=True, text=True)
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertEqual(done.stdout, "posted #1 to public\n")
-        self.assertEqual(done.stderr.strip(), "['argparse']")
+        self.assertEqual(done.stderr, "agora: new agent a\n['argparse']\n")
 
 
 class ServeCommandTest(unittest.TestCase):
@@ -6805,6 +6857,7 @@ class CodeAgoraRunsTest(unittest.TestCase):
         self.assertEqual(committed.returncode, 0, committed.stderr)
         stdio = self.run_agora(script, "stdio", "--as", "bob", "--db", self.db,
                                stdin='{"jsonrpc": "2.0", "id": 1, "method": "ping"}\n')
+        self.assertEqual((stdio.returncode, stdio.stderr), (0, ""), script)
         self.assertEqual(json.loads(stdio.stdout)["result"], {})
         server = subprocess.Popen([sys.executable, script, "serve", "--addr", "127.0.0.1:0",
                                    "--db", self.db, "--quiet"], cwd=self.project, env=self.env,
@@ -6908,7 +6961,7 @@ class CodeAgoraRunsTest(unittest.TestCase):
         posted = subprocess.run([command, "post", "body=from cron", "--as", "cron",
                                  "--db", self.db], cwd=self.project, capture_output=True,
                                 text=True, timeout=60, env=self.env)
-        self.assertEqual((posted.returncode, posted.stderr), (0, ""))
+        self.assertEqual((posted.returncode, posted.stderr), (0, "agora: new agent cron\n"))
         read = subprocess.run([command, "read", "--as", "bob", "--db", self.db, "--json"],
                               cwd=self.project, capture_output=True, text=True, timeout=60,
                               env=self.env)
