@@ -8348,6 +8348,7 @@ aside button.current { background: #e4ebfb; }
 .key.waiting::before { background: #f1f3f5; border: 1.5px dashed #8a949e; }
 .key.claimed::before { background: #e4ebfb; border-color: var(--accent); }
 .key.failed::before { background: #fbe9e7; border-color: var(--bad); }
+.key.stuck::before { background: #fff4e5; border: 1.5px dashed #b26a00; }
 #plan-wrap { overflow-x: auto; }
 #plan { display: block; }
 #plan .node { cursor: pointer; outline: none; }
@@ -8356,6 +8357,7 @@ aside button.current { background: #e4ebfb; }
 #plan .waiting rect { fill: #f1f3f5; stroke: #8a949e; stroke-dasharray: 5 3; }
 #plan .claimed rect { fill: #e4ebfb; stroke: var(--accent); }
 #plan .failed rect, #plan .cancelled rect { fill: #fbe9e7; stroke: var(--bad); }
+#plan .stuck rect { fill: #fff4e5; stroke: #b26a00; stroke-dasharray: 5 3; }
 #plan .node.picked rect, #plan .node:focus rect { stroke-width: 3; }
 #plan text { font-size: 12.5px; fill: var(--fg); }
 #plan text.sub { font-size: 11.5px; fill: var(--muted); }
@@ -8402,6 +8404,7 @@ let me = "", tab = "channels", channel = "public", peer = null, note = null, rep
 let picked = null;      // the task whose card the plan shows
 let taskLoads = 0;      // so that only the newest of overlapping loads draws
 const finishedTasks = new Map();    // blockers that will never change again
+let knownTasks = new Map();         // every task the board last loaded, by id
 let poll = null;
 let person = false;     // the signed-in one is a person: tasks for them are decisions
 let signedIn = null;    // the brief signing in answered (a person's is asked again)
@@ -8721,13 +8724,23 @@ async function loadNeeds() {
 }
 
 // The one reading of what a task waits for: its state as people see it, and the words.
+function stuckOn(task) {
+  // What TASK waits for that failed or was cancelled (as the board last knew them): it
+  // will wait for ever unless someone changes it.
+  return task.waiting_for.map((id) => knownTasks.get(id)).filter((blocker) => blocker &&
+    (blocker.status === "failed" || blocker.status === "cancelled"));
+}
+
 function planState(task) {
-  if (task.status === "open") return task.waiting_for.length ? "waiting" : "ready";
-  return task.status;
+  if (task.status !== "open") return task.status;
+  if (!task.waiting_for.length) return "ready";
+  return stuckOn(task).length ? "stuck" : "waiting";
 }
 
 function waitsFor(task) {
-  return "waits for " + task.waiting_for.map((id) => "#" + id).join(", ");
+  const stuck = stuckOn(task);
+  return stuck.length ? "stuck: " + stuck.map((b) => "#" + b.id + " " + b.status).join(", ")
+                      : "waits for " + task.waiting_for.map((id) => "#" + id).join(", ");
 }
 
 const PLAN = {width: 184, least: 136, height: 50, apart: 14, down: 12, between: 40, pad: 8};
@@ -8801,8 +8814,8 @@ function pickTask(id, known) {
 
 function drawPlan(unfinished, known) {
   // A box per unfinished task and per task one waits for that is not among them (a
-  // failed or cancelled one: where the plan is stuck); an arrow from each blocker to
-  // what waits for it.
+  // failed or cancelled one: what waits for it is drawn stuck); an arrow from each
+  // blocker to what waits for it.
   const nodes = unfinished.slice();
   const drawn = new Set(nodes.map((task) => task.id));
   const edges = [];
@@ -8831,7 +8844,7 @@ function drawPlan(unfinished, known) {
   const boxes = nodes.map((task) => {
     const {x, y} = at.get(task.id), state = planState(task);
     const below = {ready: "ready",
-                   waiting: waitsFor(task),
+                   waiting: waitsFor(task), stuck: waitsFor(task),
                    claimed: task.owner + " · " + left(task.lease_until) + " left",
                    failed: "failed" + (task.owner ? " by " + task.owner : "")}[state] || state;
     const choose = () => pickTask(task.id, known);
@@ -8873,12 +8886,14 @@ async function loadTasks() {
     if (!["open", "claimed"].includes(task.status)) finishedTasks.set(task.id, task);
   }
   if (load !== taskLoads || tab !== "tasks" || answering()) return;  // newer, elsewhere, busy
+  knownTasks = known;
   drawPlan(unfinished, known);
   $("#plan-more").hidden = unfinished.length < 200;
   const tasks = [...known.values()].sort((a, b) => b.id - a.id);
   const columns = [["open", "Open"], ["waiting", "Waiting"], ["claimed", "Claimed"],
                    ["done", "Done"], ["failed", "Failed"]];
-  const column = (t) => ({ready: "open", cancelled: "done"})[planState(t)] || planState(t);
+  const column = (t) => ({ready: "open", stuck: "waiting", cancelled: "done"})[planState(t)] ||
+                        planState(t);
   const holding = {};
   for (const task of tasks)
     if (task.status === "claimed") holding[task.owner] = (holding[task.owner] || 0) + 1;
@@ -9062,7 +9077,8 @@ WEB_BODY = """
       <div class="card plan"><h3>Plan</h3>
         <p class="legend meta"><span class="key ready">ready</span>
           <span class="key waiting">waiting</span><span class="key claimed">claimed</span>
-          <span class="key failed">failed or cancelled</span><span>arrows run from a task to
+          <span class="key failed">failed or cancelled</span>
+          <span class="key stuck">stuck behind one</span><span>arrows run from a task to
           what waits for it</span></p>
         <div id="plan-wrap"><svg id="plan" role="group" aria-label="the plan"></svg></div>
         <p id="plan-empty" class="meta" hidden>Nothing unfinished: the plan is empty.</p>

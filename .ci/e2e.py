@@ -238,6 +238,14 @@ def plan(page, url, bot):
           states[str(ids["design the release"])] == "claimed"
           and states[str(ids["write the api"])] == "waiting"
           and states[str(spike)] == "failed" and "ready" in states.values(), states)
+    behind = page.evaluate("[...document.querySelectorAll('#plan g.node.stuck')].map((g) => "
+                           "[g.dataset.id, g.querySelector('text.sub').textContent])")
+    check("a task behind a failed blocker is drawn and labelled stuck",
+          len(behind) == 1 and behind[0][1] == f"stuck: #{spike} failed", behind)
+    page.click(f"#plan g.node.stuck")
+    card = page.wait_for_selector(f"#plan-card .task[data-id='{behind[0][0] if behind else 0}']")
+    check("its card says it is stuck, and on what", f"stuck: #{spike} failed" in
+          card.inner_text(), card.inner_text())
     layers = page.evaluate("Object.fromEntries([...document.querySelectorAll('#plan g.node')]"
                            ".map((g) => [g.dataset.id, +g.querySelector('rect')"
                            ".getAttribute('y')]))")
