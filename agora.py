@@ -8390,7 +8390,8 @@ button.link { border: none; background: none; padding: 0; color: var(--accent); 
 @media (max-width: 760px) {
   section, .tasks-row { flex-direction: column; }
   .tasks-row { align-items: stretch; }
-  aside, #task-form, #note-form { flex: none; width: 100%; max-height: 28vh; }
+  aside { flex: none; width: 100%; max-height: 28vh; }
+  #task-form, #note-form { flex: none; width: 100%; }
   .board, .member { grid-template-columns: 1fr; }
   .messages { max-height: 50vh; }
 }
@@ -8562,10 +8563,12 @@ function messageItem(message, onReply) {
   return el("li", {"data-id": message.id}, meta, el("div", {className: "text"}, message.body));
 }
 
-function fill(list, items) {
+function fill(list, items, empty) {
+  // LIST shows ITEMS, or, when there are none, EMPTY: what will appear there.
   const box = $(list);
   const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
-  box.replaceChildren(...items);
+  box.replaceChildren(...(items.length || !empty ? items
+                                                 : [el("li", {className: "meta empty"}, empty)]));
   if (atBottom || box.dataset.first !== "no") {
     box.scrollTop = box.scrollHeight;
     box.dataset.first = "no";
@@ -8594,7 +8597,7 @@ async function loadChannels() {
     replyTo = target.id;
     $("#channel-replying").textContent = "replying to #" + target.id + " (" + target.sender + ")";
     $("#channel-text").focus();
-  })));
+  })), "nothing posted in #" + channel + " yet: what is posted here appears here");
   $("#channel-replying").textContent = replyTo ? "replying to #" + replyTo : "";
 }
 
@@ -8612,7 +8615,10 @@ async function loadDirect() {
   $("#dm-title").textContent = peer ? "conversation with " + peer : "my mailbox";
   $("#dm-form").hidden = !peer;
   const {messages} = await api("history", {channel: where, limit: 100});
-  fill("#dm-messages", messages.map((m) => messageItem(m, null)));
+  fill("#dm-messages", messages.map((m) => messageItem(m, null)), peer
+       ? "no messages between you and " + peer + " yet: write below, and what you two send " +
+         "each other appears here"
+       : "your mailbox is empty: direct mail to you appears here");
 }
 
 function taskCard(task) {
@@ -8918,6 +8924,9 @@ async function loadNotes() {
        (n.project ? n.project + ": " : "") + n.key + " v" + n.version]),
        note ? note.project + "\u0000" + note.key : "",
        (id) => { const [project, key] = id.split("\u0000"); openNote(project, key); });
+  if (!notes.length)
+    $("#note-list").replaceChildren(el("div", {className: "meta empty"},
+                                       "no notes yet: what agents and you write appears here"));
   if (note) await openNote(note.project, note.key);        // its newest version
 }
 

@@ -445,6 +445,25 @@ def main():
             phone.wait_for_selector("#plan g.node")
             check("on a phone the plan wraps to the screen's width", phone.evaluate(FITS))
             phone.screenshot(path=os.path.join(SHOTS, "e2e-plan-phone.png"))
+            for form, tab in (("#task-form", "tasks"), ("#note-form", "notes"),
+                              ("#channel-form", "channels")):
+                phone.click(f"nav button[data-tab={tab}]")
+                phone.wait_for_selector(form)
+                spilling = phone.evaluate(f"""(() => {{
+                    const card = document.querySelector('{form}').getBoundingClientRect();
+                    return [...document.querySelectorAll('{form} button')].filter((b) => {{
+                        const r = b.getBoundingClientRect();
+                        return r.bottom > card.bottom + 0.5 || r.right > card.right + 0.5;
+                    }}).map((b) => b.textContent);
+                }})()""")
+                check(f"on a phone {form}'s buttons stay inside its card", not spilling,
+                      spilling)
+            phone.click("nav button[data-tab=direct]")
+            phone.click("#dm-list button:has-text('sleepy')")
+            empty = phone.wait_for_selector("#dm-messages li.empty")
+            check("an empty conversation says what will appear there",
+                  "no messages between you and sleepy yet" in empty.inner_text(),
+                  empty.inner_text())
             page.click("#signout")
             check("signing out forgets the token", page.is_visible("#signin") and
                   page.evaluate("sessionStorage.getItem('agora-token')") is None)
