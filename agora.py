@@ -4585,8 +4585,9 @@ def bearer_caller(store, authorization, line=None, face="rest"):
 def call(store, name, args=None, caller=OPERATOR, now=None, face=None):
     """Run operation NAME for CALLER and answer its Result; a refusal raises AgoraError.
 
-    The one entrance of every face: it finds the operation FACE may run (offered), admits the caller, validates the arguments and runs the handler; an
-    unexpected exception becomes an InternalError, its traceback on stderr."""
+    The one entrance of every face: it finds the operation FACE may run (offered), admits
+    the caller, validates the arguments and runs the handler; an unexpected exception
+    becomes an InternalError, its traceback on stderr."""
     now = int(time.time()) if now is None else now
     with bugs_refused(store, name):
         op = offered(name, face)
@@ -6782,10 +6783,12 @@ goes ahead (else None: `hook edit` tells it). MATCHER: its file-editing tools, i
 matcher syntax, and nothing else, so no other tool pays. PATHS: the keys of the tool's
 input that name a file it writes; PATCH: the key of a patch whose headers name them
 (Codex's apply_patch). INPUT: the keys of the hook's input that may hold the tool's
-input: a JSON object, text holding one, or a patch as text (Copilot CLI's apply_patch). ANSWER: how a refusal and a line for the model are
-answered: "nested" (hookSpecificOutput, named by its event: permissionDecision "deny"
-with its reason, or additionalContext), "decision" (decision "deny" and reason), or "top"
-(permissionDecision and permissionDecisionReason, or additionalContext, at the top level)."""
+input: a JSON object, text holding one, or a patch as text (Copilot CLI's apply_patch).
+ANSWER: how a refusal and a line for the model are answered: "nested"
+(hookSpecificOutput, named by its event: permissionDecision "deny" with its reason, or
+additionalContext), "decision" (decision "deny" and reason), or "top"
+(permissionDecision and permissionDecisionReason, or additionalContext, at the top
+level)."""
 
 SHELL_ENTRY = {"type": "command", "command": COMMAND, "timeout": 30}    # seconds
 HookClient = namedtuple("HookClient", "title files events user_first home context stop "
