@@ -2642,13 +2642,19 @@ def wildcards(pattern):
                for part in pattern.split("/"))
 
 
+def outside_relative(path):
+    """Answer whether PATH is no plain relative path: absolute, an empty, '.' or '..' part,
+    a control character or a backslash (what a reservation or an edit may not name)."""
+    return (path.startswith("/") or any(part in ("", ".", "..") for part in path.split("/"))
+            or re.search(r"[\x00-\x1f\x7f\\]", path) is not None)
+
+
 def reservation_pattern(text):
     """Answer TEXT as a stored pattern (a trailing '/' spelled '/**'), or raise BadRequest."""
     pattern = text + "**" if text.endswith("/") else text
-    parts = pattern.split("/")
-    if (text.startswith("/") or any(part in ("", ".", "..") for part in parts)
-            or any("**" in part and part != "**" for part in parts)
-            or re.search(r"[\x00-\x1f\x7f\\]", text) or wildcards(pattern) > MAX_WILDCARDS):
+    if (outside_relative(pattern)
+            or any("**" in part and part != "**" for part in pattern.split("/"))
+            or wildcards(pattern) > MAX_WILDCARDS):
         raise BadRequest(f"paths must each be {PATTERN_RULE} (got {text!r:.60})")
     return pattern
 
@@ -4382,8 +4388,7 @@ def op_unreserve(store, caller, args, now):
 def edit_path(text):
     """Answer TEXT, a path an edit writes (relative, '/'-separated; '*' a character), or
     raise BadRequest."""
-    if (text.startswith("/") or any(part in ("", ".", "..") for part in text.split("/"))
-            or re.search(r"[\x00-\x1f\x7f\\]", text)):
+    if outside_relative(text):
         raise BadRequest(f"paths must each be a relative path without empty, . or .. parts "
                          f"(got {text!r:.60})")
     return text
@@ -5386,6 +5391,29 @@ def notice_request(notice, person, base):
     return urllib.request.Request(url, data=body, headers=headers, method="POST")
 
 
+def within(seconds, work, name):
+    """Answer WORK() run on a daemon thread called NAME, or raise TimeoutError when it takes
+    longer than SECONDS: it is left behind, still running (a socket's timeout bounds each
+    read, not the whole; a process that must not wait for it ends by os._exit). What WORK
+    raises is raised here; RuntimeError when no thread can be had."""
+    answer = []
+
+    def run():
+        try:
+            answer.append((True, work()))
+        except BaseException as error:      # handed to the caller, raised there
+            answer.append((False, error))
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not answer:
+        raise TimeoutError(f"agora did not answer within {seconds:g} s")
+    done, value = answer[0]
+    if not done:
+        raise value
+    return value
+
+
 class Notifier:
     """The sender: one thread that tells people off the box, never the writer.
 
@@ -5525,10 +5553,8 @@ class Notifier:
     def attempt(self, notice, person):
         """Deliver NOTICE to PERSON's destination once, within NOTICE_TIMEOUT in all; answer
         why it failed, told without the URL (an HTTP status, "connection refused"), or None.
-        The attempt runs on a thread of its own, left behind at the deadline: urllib's
+        The attempt runs on a thread of its own, left behind at the deadline (within): urllib's
         timeout bounds each read, not the whole (a receiver that trickles)."""
-        outcome = []
-
         def deliver():
             try:
                 problem = _reachable(person["notify"].partition(":")[2], self.private)
@@ -5536,23 +5562,22 @@ class Notifier:
                     with self.opener.open(notice_request(notice, person, self.base),
                                           timeout=NOTICE_TIMEOUT) as answer:
                         answer.read(65536)
-                outcome.append(problem)
+                return problem
             except self.failures as failure:
                 code = getattr(failure, "code", None)
                 reason = getattr(failure, "reason", failure)
-                outcome.append(str(code) if isinstance(code, int) else next(
+                return str(code) if isinstance(code, int) else next(
                     (said for kind, said in self.named if isinstance(reason, kind)),
-                    "cannot send"))
+                    "cannot send")
             except Exception:
                 report_bug("a notice's delivery")
-                outcome.append("cannot send (a bug: the server log has it)")
+                return "cannot send (a bug: the server log has it)"
         try:
-            sending = threading.Thread(target=deliver, name="agora-notice", daemon=True)
-            sending.start()
+            return within(NOTICE_TIMEOUT, deliver, "agora-notice")
+        except TimeoutError:
+            return f"no answer in {NOTICE_TIMEOUT} s"
         except RuntimeError:                    # no thread to be had: tried again later
             return "no thread to send with"
-        sending.join(NOTICE_TIMEOUT)
-        return outcome[0] if outcome else f"no answer in {NOTICE_TIMEOUT} s"
 
     def send(self, notice, now):
         """Try to deliver NOTICE (taken by next_due) once, and record how it went; the next
@@ -6949,16 +6974,18 @@ def _run_op(name, options):
             value = value.encode("utf-8", "surrogateescape")
         args[key] = utf8_text(key, value).rstrip("\n")
     with contextlib.closing(_link(options, operator=name == "join")) as link:
+        known = link.store is None or link.name is None or link.knows(link.name)
         try:
-            known = link.store is None or link.name is None or link.knows(link.name)
             answer = link.ask(name, args, text=not options.json)
-            if not known and link.knows(link.name):
-                print(f"agora: new agent {link.name}", file=sys.stderr)
         except Unauthorized as error:
             if not options.url:
                 raise
             raise Unauthorized(f"the server refused the token (401): {error.message}",
                                hint=error.hint) from None
+        finally:            # made even when the op then refused it: said all the same
+            with contextlib.suppress(AgoraError):
+                if not known and link.knows(link.name):
+                    print(f"agora: new agent {link.name}", file=sys.stderr)
     print(json.dumps(answer, ensure_ascii=False, indent=2) if options.json else answer)
     return 0
 
@@ -7612,27 +7639,6 @@ def paths_in_project(paths, cwd):
     return list(dict.fromkeys(inside))
 
 
-def within(seconds, work):
-    """Answer WORK(), or raise Unreachable when it takes longer than SECONDS: it is left
-    running on a daemon thread (the caller must then end by os._exit, which stops it)."""
-    answer = []
-
-    def run():
-        try:
-            answer.append((True, work()))
-        except BaseException as error:      # handed to the caller, raised there
-            answer.append((False, error))
-    thread = threading.Thread(target=run, name="agora-within", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if not answer:
-        raise Unreachable(f"agora did not answer within {seconds:g} s")
-    done, value = answer[0]
-    if not done:
-        raise value
-    return value
-
-
 def edit_json(facts, event, refuse, text):
     """Answer what a client takes from its hook EVENT to refuse the edit with TEXT (the
     line the model reads), or, when not REFUSE, to add TEXT for the model (EditHook's
@@ -7672,21 +7678,20 @@ def _edit_hook(options, given, client):
                                       "mark": after or facts.after is None})
                     for first in range(0, len(paths), MAX_PATTERNS)]
     try:
-        bodies = within(EDIT_TIMEOUT, check)
+        bodies = within(EDIT_TIMEOUT, check, "agora-edit-check")
     except Exception as error:          # whatever it is, the edit goes ahead (--strict: not)
         if options.strict and not after:
             print(json.dumps(edit_json(facts, event, True, for_model(
                 f"agora could not check {paths[0]}, so it was not edited (--strict): "
                 f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"))))
-            status = 0
-        else:       # any other exit before an edit refuses it (Copilot CLI)
+        else:       # exit 0 all the same: any other status refuses the edit (Copilot CLI)
             hook_trouble(error, client)
-            status = 0
-        if any(thread.name == "agora-within" for thread in threading.enumerate()):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(status)            # the check still running stops here
-        return status
+        if isinstance(error, TimeoutError):     # the check still running stops here
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(0)
+        return 0
     refuse = any(body["refuse"] for body in bodies) and not after
     lines = [line for body in bodies if body["refuse"] or not refuse for line in body["lines"]]
     if lines:
@@ -7830,16 +7835,16 @@ def merged_hooks(client, settings, identity):
     """Answer SETTINGS with agora's hooks for CLIENT in place of any earlier ones, or None
     when they are not in a shape agora understands (then nothing is written)."""
     facts = HOOK_CLIENTS[client]
-    events = dict.fromkeys(theirs for theirs, _, _ in hook_events(facts))
+    events = {theirs: matcher for theirs, _, matcher in hook_events(facts)}
     hooks = settings.get("hooks", {})
     if not isinstance(hooks, dict) or any(
             not isinstance(hooks.get(event, []), list) for event in events):
         return None
     hooks = dict(hooks)
     for event in events:
+        matcher = events[event]
         ours = [hook_entry(client, hook, identity, matcher)
-                for name, hook, matcher in hook_events(facts) if name == event]
-        matcher = next(matcher for name, _, matcher in hook_events(facts) if name == event)
+                for name, hook, _ in hook_events(facts) if name == event]
         kept = []
         for item in hooks.get(event, []):
             if facts.flat:                      # the event lists the handlers themselves

@@ -6561,6 +6561,8 @@ class CliTest(unittest.TestCase):
         self.assertEqual(self.main("post", "body=hi", "--as", "bbo")[2], "agora: new agent bbo\n")
         self.assertEqual(self.main("post", "body=again", "--as", "bbo")[2], "")
         self.assertEqual(self.main("post", "body=hi", "--as", "bob")[2], "")
+        refused = self.main("post", "bdy=typo", "--as", "zed")     # made, then refused
+        self.assertEqual((refused[0], refused[2].splitlines()[0]), (2, "agora: new agent zed"))
 
     def test_what_db_names_is_said_as_what_it_is(self):
         readme = os.path.join(HERE, "README.md")
@@ -7993,6 +7995,7 @@ class NoTracebackTest(unittest.TestCase):
         self.addCleanup(store.close)
         server = serve_in_thread(self, store)
         token = agora.call(store, "join", {"name": "remote"}).body["token"]
+        agora.call(store, "brief", {}, agora.Caller("bob", True))   # no "new agent" line
         folder = os.path.join(self.dir, "bin")
         self.assertEqual(self.agora("install", folder).returncode, 0)
         local = ["--as", "bob", "--db", self.db]
