@@ -8757,52 +8757,106 @@ function waitsFor(task) {
                       : "waits for " + task.waiting_for.map((id) => "#" + id).join(", ");
 }
 
-const PLAN = {width: 184, least: 136, height: 50, apart: 14, down: 12, between: 40, pad: 8};
+const PLAN = {width: 184, least: 136, height: 50, apart: 14, line: 4, beside: 8, between: 40,
+              pad: 8};
 
 function layOut(nodes, edges, room) {
   // Layers from what is ready (top) to what waits longest: a task sits one layer below
-  // its deepest blocker, so every arrow points down. Within a layer, tasks sit near the
-  // middle of their blockers (then of what waits for them) so that arrows cross little;
-  // a layer wider than the room wraps onto more lines, and boxes narrow to fit a phone.
-  const into = new Map(nodes.map((task) => [task.id, []]));
-  const out = new Map(nodes.map((task) => [task.id, []]));
-  for (const [from, to] of edges) { into.get(to).push(from); out.get(from).push(to); }
-  const layer = new Map();
-  const depth = (id) => {
-    if (!layer.has(id)) layer.set(id, Math.max(-1, ...into.get(id).map(depth)) + 1);
-    return layer.get(id);
+  // its deepest blocker, so every arrow points down. An arrow that skips layers gets a
+  // waypoint on each layer it crosses, a slot in that layer's row as narrow as a line, so
+  // arrows run between boxes and never under one (the usual layered-graph method). In a
+  // row, slots sit near the middle of what they join above, then below, so that arrows
+  // cross little. Boxes narrow to fit the room down to a readable width; a row wider
+  // still stays one row, and the plan scrolls sideways in its frame.
+  const blockers = new Map(nodes.map((task) => [task.id, []]));
+  for (const [from, to] of edges) blockers.get(to).push(from);
+  const level = new Map();
+  const depth = (key) => {
+    if (!level.has(key)) level.set(key, Math.max(-1, ...blockers.get(key).map(depth)) + 1);
+    return level.get(key);
   };
   const layers = [];
   for (const task of nodes) (layers[depth(task.id)] = layers[depth(task.id)] || []).push(task.id);
-  const spot = new Map();         // a task's place across its layer, centred on 0
-  const place = (ids) => ids.forEach((id, i) => spot.set(id, i - (ids.length - 1) / 2));
-  const mean = (ids, fallback) => ids.length
-    ? ids.reduce((sum, id) => sum + spot.get(id), 0) / ids.length : fallback;
+  const above = new Map(), below = new Map();   // the slots one joins, a layer up and down
+  const slot = (key) => { above.set(key, []); below.set(key, []); return key; };
+  nodes.forEach((task) => slot(task.id));
+  const isBox = (key) => typeof key === "number";
+  const routes = edges.map(([from, to]) => {
+    const route = [from];
+    for (let crossed = depth(from) + 1; crossed < depth(to); crossed++) {
+      const waypoint = slot("via " + from + " " + to + " " + crossed);
+      level.set(waypoint, crossed);
+      layers[crossed].push(waypoint);
+      route.push(waypoint);
+    }
+    route.push(to);
+    route.slice(1).forEach((key, i) => { above.get(key).push(route[i]);
+                                         below.get(route[i]).push(key); });
+    return route;
+  });
+  const spot = new Map();         // a slot's place in its row, centred on 0
+  const place = (keys) => keys.forEach((key, i) => spot.set(key, i - (keys.length - 1) / 2));
+  const mean = (keys, at, fallback) => keys.length
+    ? keys.reduce((sum, key) => sum + at.get(key), 0) / keys.length : fallback;
   layers.forEach(place);
-  const down = [layers, into], up = [layers.slice().reverse(), out];
+  const down = [layers, above], up = [layers.slice().reverse(), below];
   for (const [order, near] of [down, up, down, up, down])
-    for (const ids of order) {
-      ids.sort((a, b) => mean(near.get(a), spot.get(a)) - mean(near.get(b), spot.get(b)) ||
-                         a - b);
-      place(ids);
+    for (const keys of order) {
+      keys.sort((a, b) => mean(near.get(a), spot, spot.get(a)) -
+                          mean(near.get(b), spot, spot.get(b)));
+      place(keys);
     }
+  const gap = (a, b) => isBox(a) && isBox(b) ? PLAN.apart : PLAN.beside;
+  const gaps = (keys) => keys.slice(1).reduce((sum, key, i) => sum + gap(keys[i], key), 0);
   const inner = room - 2 * PLAN.pad;
-  const fits = Math.max(2, Math.floor((inner + PLAN.apart) / (PLAN.width + PLAN.apart)));
-  const across = Math.min(fits, Math.max(1, ...layers.map((ids) => ids.length)));
-  const box = Math.max(PLAN.least, Math.min(PLAN.width,
-                                            Math.floor((inner + PLAN.apart) / across) - PLAN.apart));
-  const at = new Map();
-  let y = PLAN.pad;
-  for (const ids of layers) {
-    for (let first = 0; first < ids.length; first += across) {
-      const line = ids.slice(first, first + across), indent = (across - line.length) / 2;
-      line.forEach((id, i) => at.set(id, {x: PLAN.pad + (indent + i) * (box + PLAN.apart), y}));
-      y += PLAN.height + PLAN.down;
+  const box = Math.max(PLAN.least, Math.min(PLAN.width, ...layers.map((keys) => {
+    const boxes = keys.filter(isBox).length, lines = keys.length - boxes;
+    return Math.floor((inner - lines * PLAN.line - gaps(keys)) / boxes);
+  })));
+  const wide = (key) => isBox(key) ? box : PLAN.line;
+  const packed = (keys) => keys.reduce((sum, key) => sum + wide(key), gaps(keys));
+  const span = Math.max(...layers.map(packed));
+  const centre = new Map();
+  const settle = (keys, want) => {
+    // Each slot of a row as near its WANT as order, gaps and span allow: a pass rightwards
+    // keeps slots apart, one leftwards keeps them inside the span (the row fits: packed
+    // tight it is no wider than the span, so both hold at once).
+    const left = [];
+    keys.forEach((key, i) => left.push(Math.max(want(key) - wide(key) / 2,
+      i ? left[i - 1] + wide(keys[i - 1]) + gap(keys[i - 1], key) : 0)));
+    for (let i = keys.length - 1; i >= 0; i--) {
+      const room = i === keys.length - 1 ? span : left[i + 1] - gap(keys[i], keys[i + 1]);
+      left[i] = Math.min(left[i], room - wide(keys[i]));
     }
-    y += PLAN.between - PLAN.down;
+    keys.forEach((key, i) => centre.set(key, left[i] + wide(key) / 2));
+  };
+  for (const keys of layers) {
+    let x = (span - packed(keys)) / 2;
+    keys.forEach((key, i) => {
+      if (i) x += gap(keys[i - 1], key);
+      centre.set(key, x + wide(key) / 2);
+      x += wide(key);
+    });
   }
-  return {at, box, width: 2 * PLAN.pad + across * (box + PLAN.apart) - PLAN.apart,
-          height: y - PLAN.between + PLAN.pad};
+  for (const [order, near] of [down, up, down, up])
+    for (const keys of order) settle(keys, (key) => mean(near.get(key), centre, centre.get(key)));
+  const x = (key) => PLAN.pad + centre.get(key);
+  const top = (key) => PLAN.pad + depth(key) * (PLAN.height + PLAN.between);
+  const at = new Map(nodes.map((task) => [task.id, {x: x(task.id) - box / 2, y: top(task.id)}]));
+  const bend = PLAN.between / 2;
+  const arrows = routes.map((route) => {
+    // Down from the blocker's foot, a curve across each gap between rows, straight down
+    // through each row crossed, to the top of what waits.
+    let path = `M${x(route[0])},${top(route[0]) + PLAN.height}`;
+    route.slice(1).forEach((key, i) => {
+      const x1 = x(route[i]), y1 = top(route[i]) + PLAN.height, x2 = x(key), y2 = top(key);
+      path += ` C${x1},${y1 + bend} ${x2},${y2 - bend} ${x2},${y2}`;
+      if (!isBox(key)) path += ` L${x2},${y2 + PLAN.height}`;
+    });
+    return {from: route[0], to: route[route.length - 1], path};
+  });
+  return {at, box, arrows, width: 2 * PLAN.pad + span,
+          height: 2 * PLAN.pad + layers.length * (PLAN.height + PLAN.between) - PLAN.between};
 }
 
 function fit(text, width) {
@@ -8839,22 +8893,23 @@ function drawPlan(unfinished, known) {
       if (!drawn.has(id)) { drawn.add(id); nodes.push(known.get(id)); }
       edges.push([id, task.id]);
     }
-  const {at, box, width, height} = layOut(nodes, edges, $("#plan-wrap").clientWidth || 900);
-  const plan = $("#plan");
+  const {at, box, arrows, width, height} = layOut(nodes, edges,
+                                                 $("#plan-wrap").clientWidth || 900);
+  const plan = $("#plan"), wrap = $("#plan-wrap");
+  const resized = plan.getAttribute("width") !== String(nodes.length ? width : 0);
   plan.setAttribute("width", nodes.length ? width : 0);
   plan.setAttribute("height", nodes.length ? height : 0);
   if (nodes.length) plan.setAttribute("viewBox", "0 0 " + width + " " + height);
   else plan.removeAttribute("viewBox");
+  // A plan wider than its frame scrolls sideways in it; a new width starts at its middle,
+  // where the layers are centred, and a redraw of the same width keeps where one scrolled.
+  if (resized) wrap.scrollLeft = (wrap.scrollWidth - wrap.clientWidth) / 2;
   const arrowHead = svg("marker", {id: "plan-arrow", viewBox: "0 0 10 10", refX: 10, refY: 5,
                                    markerWidth: 7, markerHeight: 7, orient: "auto"},
                         svg("path", {d: "M0,0 L10,5 L0,10 z"}));
-  const arrows = edges.map(([from, to]) => {
-    const a = at.get(from), b = at.get(to), bend = PLAN.between / 2;
-    const x1 = a.x + box / 2, y1 = a.y + PLAN.height, x2 = b.x + box / 2, y2 = b.y;
-    return svg("path", {className: "arrow", "data-from": from, "data-to": to,
-                        "marker-end": "url(#plan-arrow)",
-                        d: `M${x1},${y1} C${x1},${y1 + bend} ${x2},${y2 - bend} ${x2},${y2}`});
-  });
+  const paths = arrows.map(({from, to, path}) =>
+    svg("path", {className: "arrow", "data-from": from, "data-to": to,
+                 "marker-end": "url(#plan-arrow)", d: path}));
   const boxes = nodes.map((task) => {
     const {x, y} = at.get(task.id), state = planState(task);
     const below = {ready: "ready",
@@ -8873,7 +8928,7 @@ function drawPlan(unfinished, known) {
       svg("text", {x: x + 8, y: y + 38, className: "sub"}, clipped(below, 60)));
   });
   const focused = document.activeElement && document.activeElement.closest("#plan g.node");
-  plan.replaceChildren(svg("defs", {}, arrowHead), ...arrows, ...boxes);
+  plan.replaceChildren(svg("defs", {}, arrowHead), ...paths, ...boxes);
   for (const text of plan.querySelectorAll("text")) fit(text, box - 16);
   if (focused) {         // a redraw keeps the keyboard where it was
     const again = plan.querySelector(`g.node[data-id="${focused.dataset.id}"]`);
@@ -9037,7 +9092,7 @@ function wire() {
   setInterval(() => { if (token && (tab === "tasks" || tab === "team")) refresh(); }, 5000);
   setInterval(() => { if (token) loadNeeds().catch((error) => say(error.message)); }, 10000);
   window.addEventListener("hashchange", () => { if (token) follow(location.hash); });
-  let resized = null;     // the plan wraps to the page's width: draw it again when that changes
+  let resized = null;     // the plan's boxes fit the page's width: draw it again when that changes
   window.addEventListener("resize", () => {
     clearTimeout(resized);
     resized = setTimeout(() => { if (token && tab === "tasks") refresh(); }, 250);

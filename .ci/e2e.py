@@ -4,7 +4,8 @@ Drives Debian's Chromium with Playwright (from the interop virtual environment):
 a bad token, signing in, posting, another agent's post arriving without a
 reload (a hostile one, which must show as text and never run), a reply, direct
 mail, claiming a task, notes, the team (who holds and reserves what) and the
-plan (a graph of the unfinished tasks); a person told on ntfy of a decision,
+plan (a graph of the unfinished tasks, checked as a layered graph whose arrows never
+pass under a box, at laptop and phone sizes); a person told on ntfy of a decision,
 answering it on a phone; screenshots of the page, the team, the plan, Needs you and a
 decision at laptop and phone sizes land in .interop/. Loopback only; ends with
 'N passed, N failed'.
@@ -29,6 +30,27 @@ HOSTILE = "<script>window.pwned=1</script><img src=x onerror=\"window.pwned=2\">
 FITS = ("document.documentElement.scrollWidth <= window.innerWidth && "
         "document.querySelector('#plan-wrap').scrollWidth <= "
         "document.querySelector('#plan-wrap').clientWidth")
+# Where the plan's arrows pass through a box other than their two ends: each arrow's path
+# sampled every 2 px against every other box, less a pixel at its border.
+CROSSINGS = """[...document.querySelectorAll('#plan path.arrow')].flatMap((arrow) => {
+  const boxes = [...document.querySelectorAll('#plan g.node')].filter((g) =>
+    g.dataset.id !== arrow.dataset.from && g.dataset.id !== arrow.dataset.to);
+  const hit = new Set(), length = arrow.getTotalLength();
+  for (let along = 0; along <= length; along += 2) {
+    const p = arrow.getPointAtLength(along);
+    for (const g of boxes) {
+      const r = g.querySelector('rect').getBBox();
+      if (p.x > r.x + 1 && p.x < r.x + r.width - 1 && p.y > r.y + 1 && p.y < r.y + r.height - 1)
+        hit.add(arrow.dataset.from + ' -> ' + arrow.dataset.to + ' under ' + g.dataset.id);
+    }
+  }
+  return [...hit];
+})"""
+# Each box's top and each arrow's two ends, for checking the layers from outside.
+DRAWN = ("[Object.fromEntries([...document.querySelectorAll('#plan g.node')].map((g) => "
+         "[g.dataset.id, +g.querySelector('rect').getAttribute('y')]))," +
+         "[...document.querySelectorAll('#plan path.arrow')].map((a) => "
+         "[a.dataset.from, a.dataset.to])]")
 HOSTILE_TITLE = "<script>window.pwned=3</script>hostile title"
 HOSTILE_REASON = "<img src=x onerror=\"window.pwned=4\">hostile reason"
 
@@ -49,6 +71,32 @@ PLAN = [("design the release", []),
         ("stage it", ["package it", "migrate old files"]), ("smoke test staging", ["stage it"]),
         ("deploy", ["smoke test staging", "security review", "load test"]),
         ("announce", ["deploy", "release notes"]), ("watch the graphs", ["deploy"])]
+
+
+def layered(page, where):
+    """Check the plan as a layered graph: a row per layer, each task one layer below its
+    deepest blocker (as its arrows say), some arrow skipping a layer, and no arrow passing
+    under a box that is not one of its ends."""
+    tops, arrows = page.evaluate(DRAWN)
+    blockers = {box: [a for a, b in arrows if b == box] for box in tops}
+    depth = {}
+
+    def deepest(box):
+        if box not in depth:
+            depth[box] = max([deepest(a) + 1 for a in blockers[box]], default=0)
+        return depth[box]
+    rows = {}
+    for box in tops:
+        rows.setdefault(deepest(box), set()).add(tops[box])
+    check(f"{where} the plan is a row per layer, from what is ready down to what waits longest",
+          all(len(y) == 1 for y in rows.values())
+          and [min(rows[d]) for d in sorted(rows)] == sorted({min(y) for y in rows.values()})
+          and len(rows) >= 4, rows)
+    check(f"{where} some arrows skip layers",
+          any(depth[b] - depth[a] >= 2 for a, b in arrows), arrows)
+    crossings = page.evaluate(CROSSINGS)
+    check(f"{where} no arrow passes under a box other than its two ends", not crossings,
+          crossings[:5])
 
 
 def act(url, op, args, token):
@@ -212,6 +260,10 @@ def plan(page, url, bot):
     act(url, "claim", {"id": spike}, bot)
     act(url, "done", {"id": spike, "result": "too slow", "failed": True}, bot)
     act(url, "post_task", {"title": HOSTILE_TITLE, "after": [spike, ids["write the api"]]}, bot)
+    dropped = act(url, "post_task", {"title": "try the old cache"}, bot)["id"]
+    act(url, "cancel", {"id": dropped}, bot)
+    act(url, "post_task", {"title": "port the old cache",
+                           "after": [dropped, ids["test the store"]]}, bot)
     page.click("nav button[data-tab=tasks]")
 
     def expected():
@@ -239,13 +291,19 @@ def plan(page, url, bot):
           and states[str(ids["write the api"])] == "waiting"
           and states[str(spike)] == "failed" and "ready" in states.values(), states)
     behind = page.evaluate("[...document.querySelectorAll('#plan g.node.stuck')].map((g) => "
-                           "[g.dataset.id, g.querySelector('text.sub').textContent])")
-    check("a task behind a failed blocker is drawn and labelled stuck",
-          len(behind) == 1 and behind[0][1] == f"stuck: #{spike} failed", behind)
-    page.click(f"#plan g.node.stuck")
-    card = page.wait_for_selector(f"#plan-card .task[data-id='{behind[0][0] if behind else 0}']")
-    check("its card says it is stuck, and on what", f"stuck: #{spike} failed" in
-          card.inner_text(), card.inner_text())
+                           "[g.dataset.id, g.getAttribute('aria-label').split(', ').pop(), "
+                           "g.querySelector('text.sub').textContent])")
+    check("a task behind a failed blocker, and one behind a cancelled one, are drawn and "
+          "labelled stuck (in full to a screen reader, cut to fit the box if need be)",
+          sorted(label for _, label, _ in behind) ==
+          [f"stuck: #{spike} failed", f"stuck: #{dropped} cancelled"]
+          and all(label.startswith(shown.rstrip("…")) and shown.startswith("stuck: #")
+                  for _, label, shown in behind), behind)
+    for stuck, label, _ in behind:
+        page.click(f"#plan g.node[data-id='{stuck}']")
+        card = page.wait_for_selector(f"#plan-card .task[data-id='{stuck}']")
+        check(f"its card says it is stuck, and on what ({label})", label in card.inner_text(),
+              card.inner_text())
     layers = page.evaluate("Object.fromEntries([...document.querySelectorAll('#plan g.node')]"
                            ".map((g) => [g.dataset.id, +g.querySelector('rect')"
                            ".getAttribute('y')]))")
@@ -268,6 +326,7 @@ def plan(page, url, bot):
                             "g.textContent).find((text) => text.includes('hostile title'))")
     check("a task title with <script> is text in the plan and never runs",
           "<script>" in hostile and page.evaluate("window.pwned") is None, hostile)
+    layered(page, "on a laptop")
     check("thirty tasks fit a laptop's width", page.evaluate(FITS))
     page.screenshot(path=os.path.join(SHOTS, "e2e-plan-laptop.png"))
 
@@ -443,7 +502,11 @@ def main():
             phone.screenshot(path=os.path.join(SHOTS, "e2e-team-phone.png"))
             phone.click("nav button[data-tab=tasks]")
             phone.wait_for_selector("#plan g.node")
-            check("on a phone the plan wraps to the screen's width", phone.evaluate(FITS))
+            layered(phone, "on a phone")
+            check("on a phone the plan scrolls sideways in its own frame, never the page",
+                  not phone.evaluate(wider) and phone.evaluate(
+                      "getComputedStyle(document.querySelector('#plan-wrap')).overflowX")
+                  == "auto")
             phone.screenshot(path=os.path.join(SHOTS, "e2e-plan-phone.png"))
             for form, tab in (("#task-form", "tasks"), ("#note-form", "notes"),
                               ("#channel-form", "channels")):
