@@ -578,8 +578,9 @@ def file_problem(path, error, named=None):
     None for anything else; NAMED names the file (by default "the database file PATH": a
     server names no path to its remote callers). An I/O error or a file SQLite cannot open
     is told by its cause when agora finds it: no descriptor left, or no space left on the
-    disk (for the -wal and -shm); both pass once the cause is gone. (A damaged index,
-    which a failed read can look like too, search tells itself.)"""
+    disk (for the -wal and -shm); both pass once the cause is gone. A -wal or -shm this
+    user cannot write is named, not the file it stops. (A damaged index, which a failed
+    read can look like too, search tells itself.)"""
     if not isinstance(error, sqlite3.DatabaseError):
         return None
     named, text = named or f"the database file {path}", str(error).lower()
@@ -589,6 +590,13 @@ def file_problem(path, error, named=None):
                           hint="raise the limit (ulimit -n) or close connections")
     if ("disk i/o" in text or "unable to open" in text) and disk_full(path):
         return no_space(named, error)
+    if "unable to open" in text or "readonly" in text:
+        for suffix in ("-wal", "-shm"):     # left by another user, or with another mode
+            side = path + suffix
+            if os.path.exists(side) and not os.access(side, os.R_OK | os.W_OK):
+                return StoreError(f"the {suffix} file beside {named} cannot be written, so "
+                                  f"neither can the file ({error})",
+                                  hint="give it the database file's owner and mode")
     if "unable to open" in text:
         return StoreError(f"{named} (or a temporary file beside it) could not be opened "
                           f"({error})", hint="check the folder's permissions, its free space "
@@ -7309,7 +7317,9 @@ def _check_search_index(db, repair):
                                "sql LIKE 'CREATE VIRTUAL TABLE % USING fts5%' ORDER BY name"):
         try:
             db.execute(f"INSERT INTO {table} ({table}) VALUES ('integrity-check')")
-        except sqlite3.DatabaseError:
+        except sqlite3.DatabaseError as error:
+            if not any(word in str(error).lower() for word in DAMAGE):
+                raise                           # not damage: a file it cannot write, say
             damaged.append(table)
     if damaged and not repair:
         raise StoreError(f"the search index is damaged ({', '.join(damaged)}); the rest of "

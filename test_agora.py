@@ -6586,6 +6586,40 @@ class CliTest(unittest.TestCase):
                 self.assertNotIn("damaged", done.stderr)
         self.assertFalse(os.path.exists(os.path.dirname(missing)))
 
+    def test_a_side_file_it_cannot_write_is_named_not_the_file(self):
+        """A -shm left behind with a mode this user cannot write (the file's own mode since
+        fixed) is named, by a command and by check, and never called damage. Root ignores
+        modes, so under root the commands run as nobody, from a copy nobody can read."""
+        folder = os.path.join(self.dir, "shared")
+        os.mkdir(folder)
+        db, copy = os.path.join(folder, "agora.db"), os.path.join(folder, "agora.py")
+        shutil.copy(AGORA, copy)
+        user, python = {}, sys.executable
+        if os.geteuid() == 0:
+            os.chmod(self.dir, 0o711)
+            os.chown(folder, 65534, 65534)
+            user = {"user": 65534, "group": 65534, "extra_groups": []}
+            for python in (sys.executable, "/usr/bin/python3"):     # one nobody may run
+                with contextlib.suppress(OSError):
+                    if subprocess.run([python, "-c", ""], **user).returncode == 0:
+                        break
+
+        def run(*argv):
+            return subprocess.run([python, *argv], capture_output=True, text=True, timeout=60,
+                                  env=dict(os.environ, HOME=folder), cwd=folder, **user)
+        self.assertEqual(run(copy, "post", "body=hi", "--as", "bob", "--db", db).returncode, 0)
+        run("-c", "import os, sys; open(sys.argv[1], 'wb').write(bytes(32768)); "
+                  "os.chmod(sys.argv[1], 0o444)", db + "-shm")
+        for argv in (["post", "body=again", "--as", "bob"], ["check"]):
+            with self.subTest(argv[0]):
+                done = run(copy, *argv, "--db", db)
+                self.assertEqual(done.returncode, 1, done.stderr)
+                self.assertIn(f"the -shm file beside the database file {db} cannot be "
+                              "written", done.stderr)
+                self.assertIn("give it the database file's owner and mode", done.stderr)
+                self.assertNotIn("damaged", done.stderr)
+                self.assertEqual(done.stderr.count("\n"), 1, done.stderr)
+
     def test_op_text_and_json(self):
         code, out, _ = self.main("post", "body=hello there", "--as", "alice")
         self.assertEqual((code, out), (0, "posted #1 to public\n"))
