@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import shlex
 import signal
 import socket
 import sqlite3
@@ -8107,6 +8108,36 @@ class DocsTest(unittest.TestCase):
             with self.subTest(client):
                 for said in (f"python3 agora.py hook install {client} ", f"**{facts.title}**"):
                     self.assertTrue(said in readme, f"README.md does not say {said!r}")
+
+
+    def test_the_tours_commands_work_as_written(self):
+        """Each command of the README's tour, run in order as written on a fresh HOME: it
+        exits 1 where its comment says it is refused (or exit 1), else 0, and says what
+        its comment quotes between the '...'."""
+        with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+            readme = f.read()
+        tour = readme[readme.index("## A short tour"):readme.index("## From another box")]
+        home = tempfile.mkdtemp(prefix="agora-test-")
+        self.addCleanup(shutil.rmtree, home, True)
+        env = {key: value for key, value in os.environ.items() if not key.startswith("AGORA_")}
+        env["HOME"] = home
+        lines = re.findall(r"(?m)^    ((?:python3 agora\.py|agora) .*)$", tour)
+        self.assertGreater(len(lines), 25)
+        for line in lines:
+            command, _, comment = (part.strip() for part in line.partition("  #"))
+            if "/path/to" in command:       # a folder of the reader's own
+                continue
+            argv = shlex.split(command)
+            argv = ([sys.executable, AGORA, *argv[2:]] if argv[0] == "python3" else
+                    [os.path.join(home, ".local", "bin", "agora"), *argv[1:]])
+            with self.subTest(command):
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                                      env=env, cwd=home)
+                refused = comment.startswith("refused") or comment.endswith("exit 1")
+                self.assertEqual(done.returncode, 1 if refused else 0, done.stderr)
+                quotes = comment.removesuffix(", exit 1").split("...") if "..." in comment else []
+                for quoted in filter(None, (quote.strip(" ,") for quote in quotes)):
+                    self.assertIn(quoted, done.stdout + done.stderr)
 
 
 class SuiteTest(unittest.TestCase):
