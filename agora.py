@@ -111,6 +111,9 @@ GIVE_UP = 86400             # seconds a notice is tried before it is given up (a
 NOTICE_ITEMS = 100          # things one person's outbox gathers for one notice at most
 EDITING = 600               # seconds an agent's edit of a path is told to the next editor
 MARK_EVERY = 60             # seconds between two writes of one agent's mark on one path
+PRUNE_BATCH = 1000          # rows one prune turn archives and removes at most
+PRUNE_EVERY = 600           # seconds between a server's prunes once it has caught up
+KEEP_REVISIONS = 10         # a note's newest revisions a prune always keeps
 
 SLUG = r"^[a-z0-9._-]{1,48}$"
 CHANNEL_OR_MAILBOX = r"^@?[a-z0-9._-]{1,48}$"
@@ -129,7 +132,7 @@ PATTERN_RULES = {
     PAGE_TOKEN: "a page token this server gave",
 }
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 NEWEST_MESSAGE = "SELECT coalesce(max(id), 0) FROM messages"
 NEWEST_READY = "SELECT value FROM counters WHERE name = 'ready'"
 MARKS = f"SELECT ({NEWEST_MESSAGE}), ({NEWEST_READY})"     # what a waiter watches
@@ -432,7 +435,45 @@ CREATE TABLE edit_warnings (
     PRIMARY KEY (project, path, editor, earlier)
 ) WITHOUT ROWID;
 """,
+    # A team that runs for months: what a prune moved out of the file, per kind of row
+    # and scope (a message's channel, else ''), into which month's archive ('' when it
+    # was discarded on purpose), as the lowest and highest id (rowid) and a count; and
+    # what an agent away longer than the keep had not read when it went (missed, and
+    # the months of the archives it went to: missed_in), told at its next brief.
+    14: """
+CREATE TABLE archived (
+    kind TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    month TEXT NOT NULL,
+    low INTEGER NOT NULL,
+    high INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (kind, scope, month)
+) WITHOUT ROWID;
+ALTER TABLE agents ADD COLUMN missed INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE agents ADD COLUMN missed_in TEXT;
+""",
 }
+
+# With schema 15 the full-text indexes follow what leaves the file (a prune) and a task's
+# changed words (update_task, whose old words it used to keep finding): run where the file
+# has FTS5, once, after MIGRATIONS[14]; the rebuild drops the words indexed out of step.
+FTS_FOLLOWS = """
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
+WHEN old.id <= (SELECT value FROM counters WHERE name = 'indexed') BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, body) VALUES ('delete', old.id, old.body);
+END;
+CREATE TRIGGER tasks_fts_update AFTER UPDATE OF title, body ON tasks BEGIN
+    INSERT INTO tasks_fts (tasks_fts, rowid, title, body)
+    VALUES ('delete', old.id, old.title, old.body);
+    INSERT INTO tasks_fts (rowid, title, body) VALUES (new.id, new.title, new.body);
+END;
+CREATE TRIGGER tasks_fts_delete AFTER DELETE ON tasks BEGIN
+    INSERT INTO tasks_fts (tasks_fts, rowid, title, body)
+    VALUES ('delete', old.id, old.title, old.body);
+END;
+INSERT INTO tasks_fts (tasks_fts) VALUES ('rebuild');
+"""
 
 INDEXED = "SELECT value FROM counters WHERE name = 'indexed'"   # the newest id indexed
 INDEX_MESSAGES = ("INSERT INTO messages_fts (rowid, body) SELECT id, body FROM messages "
@@ -784,6 +825,7 @@ class Store:
         self.token_marker = os.path.realpath(path) + "-tokens"
         self.writer = None          # a server's Writer: its writes run on that one thread
         self.editing = EDITING      # seconds an edit is told to the next editor (serve --editing)
+        self.archive = os.path.dirname(os.path.abspath(path))  # where a prune archives (None: not)
         self._closed = False
         unusable = unusable_path(path)
         if unusable is not None:
@@ -814,6 +856,9 @@ class Store:
             raise self.problem(e) or StoreError(f"cannot open {named}: {e}") from None
         try:
             con.row_factory = sqlite3.Row
+            # A new file gives the space a prune frees back (incremental_vacuum); it must be
+            # said before WAL writes the header. An existing file keeps its mode (compact).
+            con.execute("PRAGMA auto_vacuum = INCREMENTAL")
             con.execute("PRAGMA journal_mode = WAL")
             con.execute("PRAGMA synchronous = FULL")
         except sqlite3.DatabaseError as e:
@@ -853,6 +898,10 @@ class Store:
             for step in range(version, SCHEMA_VERSION):
                 for statement in sql_statements(MIGRATIONS[step]):
                     con.execute(statement)
+                if step == 14 and con.execute("SELECT 1 FROM sqlite_master WHERE name = "
+                                              "'tasks_fts'").fetchone():
+                    for statement in sql_statements(FTS_FOLLOWS):
+                        con.execute(statement)
             if version != SCHEMA_VERSION:       # a header write costs an fsync: only once
                 con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             con.execute("COMMIT")
@@ -2232,6 +2281,11 @@ def one_line(text):
     return CONTROL_CHARACTERS.sub(" ", text)
 
 
+def size_text(size):
+    """Answer a file's SIZE in bytes as a person reads it (KB, MB)."""
+    return f"{size / 1048576:.1f} MB" if size >= 1048576 else f"{size / 1024:.0f} KB"
+
+
 def count_text(count, capped=None):
     """Answer a COUNT as said to an agent, "200+" when it is a lower bound: when CAPPED, or
     (not given) when a single count reached COUNT_CAP."""
@@ -2936,6 +2990,14 @@ def op_brief(store, caller, args, now):
             "ORDER BY updated DESC LIMIT 10", (agent["briefed"], me))]
         reserved = [_reservation(row) for row in db.execute(RESERVED_BY, where)]
         acks = _acks(db, me, now)
+        if agent["missed"]:         # told once: what went to the archives while it was away
+            db.execute("UPDATE agents SET missed = 0, missed_in = NULL WHERE name = ?", (me,))
+        oldest = db.execute("SELECT ts FROM messages ORDER BY id LIMIT 1").fetchone()
+    kept = {"bytes": os.path.getsize(store.path),
+            "since": time.strftime("%Y-%m-%d", time.gmtime(oldest[0])) if oldest else None}
+    away = {"count": agent["missed"], "archives": [archive_name(month) for month in
+                                                   filter(None, (agent["missed_in"] or "")
+                                                          .split(","))]}
     total = unread.total
     if total:
         hint = f"read: {count_text(total, unread.capped)} new message{'s' if total != 1 else ''}"
@@ -2959,6 +3021,11 @@ def op_brief(store, caller, args, now):
     failing = notices_failing(agent)
     if failing:
         lines.append(failing + " (profile notify=... mends it)")
+    if away["count"]:
+        lines.append(f"while you were away {away['count']:,} message"
+                     f"{'s' if away['count'] != 1 else ''} you had not read went to "
+                     + (", ".join(away["archives"]) + " (history --db FILE reads one)"
+                        if away["archives"] else "no archive: discarded"))
     lines += acks_lines(acks, now)
     lines += [f"holding {_task_line(task, now)}" for task in held]
     lines += [f"for you: {_task_line(task, now)}" for task in for_you]
@@ -2974,13 +3041,18 @@ def op_brief(store, caller, args, now):
     if changed:
         lines.append("notes changed: " + ", ".join(
             f"{_note_name(n)} v{n['version']} by {n['author']}" for n in changed))
+    if agent["person"]:     # who runs the team: how big the file is, how far back it goes
+        lines.append(f"the file: {size_text(kept['bytes'])}" + (
+            f", messages since {kept['since']}" if kept["since"] else ""))
     lines.append(f"next: {hint}")
     return Result({"agent": me, "person": bool(agent["person"]),
                    "unread": {"total": total, "channels": unread.channels},
                    "held": held, "for_you": for_you, "reserved": reserved, "acks": acks,
                    "open": {"count": open_count, "blocked": blocked, "top": top},
                    "people": people, "notices_failing": failing,
-                   "notes_changed": changed, "hint": hint}, "\n".join(lines))
+                   "notes_changed": changed, "archived_unread": away, "file": kept,
+                   "hint": hint},
+                  "\n".join(lines))
 
 
 NOTIFY_URL = re.compile(r"^(ntfy|slack|webhook):(https?)://[!-~]+$")   # printable ASCII
@@ -3195,11 +3267,45 @@ def op_unfollow(store, caller, args, now):
     return Result({"channel": channel, "following": False}, f"stopped following {channel}")
 
 
+def archive_name(month):
+    """Answer the file name of MONTH's archive (YYYY-MM), beside the file or in --archive."""
+    return f"agora-archive-{month}.db"
+
+
+def archive_text(month):
+    """Answer where rows a prune took went: MONTH's archive, or nowhere ('': discarded)."""
+    return (f"archive {month} ({archive_name(month)})" if month
+            else "discarded (the server keeps no archive)")
+
+
+def archived_in(db, kind, row_id, me=None):
+    """Answer the month whose archive a prune moved row ROW_ID of KIND to ('' when it was
+    discarded), or None when no prune took it. For messages, only the ranges of channels
+    ME may see answer: another's mailbox says nothing."""
+    visible = "" if me is None else f" AND (NOT {is_mailbox_sql('scope')} OR scope = :mailbox)"
+    row = db.execute(f"SELECT month FROM archived WHERE kind = :kind AND :id BETWEEN low AND "
+                     f"high{visible} ORDER BY month LIMIT 1",
+                     {"kind": kind, "id": row_id, "mailbox": mailbox(me or "")}).fetchone()
+    return None if row is None else row[0]
+
+
+def gone(db, kind, row_id, what, me=None):
+    """Answer the NotFound for WHAT (#ROW_ID of KIND) missing: archived, and where, when a
+    prune took it; else simply not here."""
+    month = archived_in(db, kind, row_id, me)
+    if month is None:
+        return NotFound(f"no {what} #{row_id}", hint="tasks lists them" if kind == "tasks"
+                        else None)
+    return NotFound(f"{what} #{row_id} is {'archived: ' if month else ''}{archive_text(month)}",
+                    hint=f"agora history --db {archive_name(month)} reads an archive" if month
+                    else None)
+
+
 def _visible_message(db, message_id, me):
     row = db.execute(f"SELECT * FROM messages WHERE id = :id AND {_visible_sql()}",
                      {"id": message_id, "me": me, "mailbox": mailbox(me)}).fetchone()
     if row is None:
-        raise NotFound(f"no message #{message_id}")
+        raise gone(db, "messages", message_id, "message", me)
     return row
 
 
@@ -3519,20 +3625,25 @@ def op_history(store, caller, args, now):
     with store.transaction() as db:
         other = mailbox_owner(channel) if channel != mailbox(me) else None
         if channel == mailbox(me):
-            where = "channel = :mailbox"
+            where, scopes = "channel = :mailbox", [mailbox(me)]
         elif other is not None:
             _require_agent(db, other)
             where = ("((channel = :theirs AND sender = :me) "
                      "OR (channel = :mailbox AND sender = :other))")
             params.update(theirs=mailbox(other), other=other)
+            scopes = [mailbox(other), mailbox(me)]
         else:
             _require_channel(db, channel)
-            where = "channel = :channel"
+            where, scopes = "channel = :channel", [channel]
         rows = db.execute(f"SELECT * FROM messages WHERE {where} AND id < :before "
                           "ORDER BY id DESC LIMIT :limit", params).fetchall()
         page = within_page(rows, args["limit"])
         more = len(rows) > len(page)
         messages = [_message(row) for row in reversed(page)]
+        older = None if more else db.execute(   # the start of what is kept: where went the rest
+            f"SELECT month FROM archived WHERE kind = 'messages' AND scope IN "
+            f"({','.join('?' * len(scopes))}) AND low < ? ORDER BY month DESC LIMIT 1",
+            (*scopes, messages[0]["id"] if messages else params["before"])).fetchone()
         if other is not None:
             seen_up_to = db.execute(
                 "SELECT coalesce(max(last_id), 0) FROM cursors WHERE agent = ? "
@@ -3550,8 +3661,14 @@ def op_history(store, caller, args, now):
         lines = [_message_line(message, now) for message in messages]
         if more:
             lines.append(f"(older: history channel={channel} before={messages[0]['id']})")
+        if older is not None:
+            lines.append(f"(older messages: {archive_text(older[0])})")
         return "\n".join(lines) or f"no messages in {channel}"
-    return Result({"messages": messages, "more": more}, text)
+    answer = {"messages": messages, "more": more}
+    if older is not None:
+        answer["older"] = {"archive": older[0], "file": archive_name(older[0]) if older[0]
+                           else None}
+    return Result(answer, text)
 
 
 @operation("message", "One message and the replies to it.", {"id": ID, "limit": LIMIT},
@@ -3762,6 +3879,9 @@ def _check_after(db, task_id, after):
     known = {row[0] for row in db.execute(
         f"SELECT id FROM tasks WHERE id IN ({','.join('?' * len(after))})", after)}
     for other in after:
+        if other not in known and archived_in(db, "tasks", other) is not None:
+            raise NotFound(f"task #{other} finished long ago and is archived: nothing can "
+                           "wait for it", hint="leave it out of after")
         if other not in known:
             raise NotFound(f"no task #{other} to wait for", hint="see tasks which=all")
     cycle = _cycle_through(db, task_id, after) if task_id is not None else None
@@ -3820,7 +3940,7 @@ def op_post_task(store, caller, args, now):
 def _find_task(db, task_id, now):
     row = db.execute(f"{TASK_ROWS} WHERE id = :id", {"id": task_id, "now": now}).fetchone()
     if row is None:
-        raise NotFound(f"no task #{task_id}", hint="tasks lists them")
+        raise gone(db, "tasks", task_id, "task")
     return row
 
 
@@ -5276,6 +5396,255 @@ class A2AEndpoint(RpcEndpoint):
                 task.pop("artifacts", None)
         return {"tasks": tasks, "nextPageToken": page["next"], "pageSize": page_size,
                 "totalSize": page["total"]}
+
+
+###############################################################################
+# Pruning: the file keeps what a team uses, archiving first what goes ########
+###############################################################################
+
+def month_of(ts):
+    """Answer the month (YYYY-MM, UTC) whose archive a row of time TS goes to."""
+    return time.strftime("%Y-%m", time.gmtime(ts))
+
+
+# What a prune takes, kind by kind: the rows found by a query given :now, :since (agents
+# seen since are active), :cutoff (older is prunable), :window (an edit's window) and
+# :room; the column that dates a row (its archive's month); the columns that name it.
+# Messages are found by _prunable_messages, which knows who still has to read them.
+PRUNED = (
+    ("tasks", "SELECT * FROM tasks t WHERE status IN " + sql_set(FINISHED) + " AND updated < "
+              ":cutoff AND NOT EXISTS (SELECT 1 FROM task_deps d JOIN tasks w ON w.id = "
+              "d.task_id WHERE d.after_id = t.id AND w.status IN " + sql_set(UNFINISHED) +
+              ") ORDER BY id LIMIT :room", "updated", ("id",)),
+    ("note_revisions", "SELECT r.* FROM note_revisions r JOIN notes n ON n.project = "
+                       "r.project AND n.key = r.key WHERE r.updated < :cutoff AND r.version "
+                       f"<= n.version - {KEEP_REVISIONS} LIMIT :room", "updated",
+     ("project", "key", "version")),
+    ("reservations", f"SELECT * FROM reservations WHERE {ran_out('expires')} LIMIT :room",
+     "expires", ("project", "agent", "path")),
+    ("edits", f"SELECT * FROM edits WHERE NOT ({LIVE_MARK}) LIMIT :room", "at",
+     ("project", "path", "agent")),
+    ("edit_warnings", f"SELECT * FROM edit_warnings WHERE NOT ({LIVE_MARK}) LIMIT :room", "at",
+     ("project", "path", "editor", "earlier")),
+)
+
+# The rows that go with a message or a task: (table, its column naming the message or task).
+GOES_WITH = {"messages": (("receipts", "message_id"),),
+             "tasks": (("task_tags", "task_id"), ("task_deps", "task_id"),
+                       ("a2a_tasks", "task_id"), ("a2a_messages", "task_id"))}
+
+# The cursors that read a channel, each with where it stands for good (past it: what is
+# held, and what it has still to read) and whether its agent is active (seen since :since)
+# or holds messages yet: those still need what lies past them, unless they wrote it.
+READERS = (f"SELECT c.agent, coalesce(c.acked_id, c.last_id), a.seen >= :since OR "
+           f"{still_running('c.held_until')} FROM cursors c JOIN agents a ON a.name = c.agent "
+           "WHERE c.channel = :channel AND c.following = 1")
+
+
+def _prunable_messages(db, where):
+    """Answer (up to :room messages older than :cutoff that nobody active has still to
+    read, oldest first per channel; for each agent away since :since, how many of them it
+    never read and their months). Each channel (and mailbox) gives the run of its oldest
+    messages that no active reader still needs past where it stands (its own posts
+    aside) and whose acknowledgement no active recipient still owes: an index walk that
+    stops at the first message too new or still needed (a channel's times rise with its
+    ids), so what stays is never passed over."""
+    rows, missed = [], {}
+    channels = [row[0] for row in db.execute("SELECT name FROM channels ORDER BY name")] + [
+        mailbox(row[0]) for row in db.execute("SELECT name FROM agents ORDER BY name")]
+    for channel in channels:
+        if len(rows) >= where["room"]:
+            break
+        at = dict(where, channel=channel)
+        readers = db.execute(READERS, at).fetchall()
+        taken = []
+        for row in db.execute("SELECT * FROM messages WHERE channel = :channel ORDER BY id "
+                              "LIMIT :room", dict(at, room=where["room"] - len(rows))):
+            if row["ts"] >= where["cutoff"] or any(
+                    active and stood < row["id"] and agent != row["sender"]
+                    for agent, stood, active in readers) or db.execute(
+                    "SELECT 1 FROM receipts r JOIN agents a ON a.name = r.recipient WHERE "
+                    "r.message_id = ? AND r.acked IS NULL AND a.seen >= ?",
+                    (row["id"], where["since"])).fetchone():
+                break
+            taken.append(row)
+        for agent, stood, active in readers if taken else ():
+            unread = [row for row in taken if row["id"] > stood and row["sender"] != agent]
+            if unread and not active:
+                count, months = missed.get(agent, (0, set()))
+                missed[agent] = (count + len(unread), months | {month_of(row["ts"])
+                                                                for row in unread})
+        rows += taken
+    return rows, missed
+
+
+def _archive_rows(path, groups):
+    """Copy GROUPS ((table, rows), ...) into the archive at PATH, made when missing with
+    agora's tables, and return once that is on disk (synchronous=FULL; a new file's folder
+    synced too). A row already there is replaced: a prune the file did not commit runs
+    again."""
+    new = not os.path.exists(path)
+    if new:
+        Store(path, fts=False).close()      # agora's tables, so agora can read it again
+    con = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None)
+    try:
+        con.execute("PRAGMA synchronous = FULL")
+        con.execute("DROP TRIGGER IF EXISTS messages_in_channel")    # its rows come as they were
+        con.execute("BEGIN IMMEDIATE")
+        for table, rows in groups:
+            if rows:
+                columns = rows[0].keys()
+                verb = "INSERT OR " + ("IGNORE" if table in ("agents", "channels") else "REPLACE")
+                con.executemany(f"{verb} INTO {table} ({', '.join(columns)}) VALUES "
+                                f"({', '.join('?' * len(columns))})", [tuple(row) for row in rows])
+        con.execute("COMMIT")
+    finally:
+        con.close()
+    if new:
+        folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+
+# Who wrote or holds what an archive keeps, copied beside it (never a token): so agora reads
+# an archive as it reads its file (history --db ARCHIVE --as NAME).
+ARCHIVED_AGENT = "SELECT name, about, created, seen, person FROM agents WHERE name IN ({})"
+ARCHIVED_CHANNEL = "SELECT name, about, created_by, created FROM channels WHERE name IN ({})"
+
+
+def _rows_in(db, query, values):
+    """Answer the rows of QUERY (with one '{}' for a list) for VALUES, in chunks that every
+    SQLite's limit on parameters allows."""
+    values, rows = sorted(set(values)), []
+    for start in range(0, len(values), 500):
+        chunk = values[start:start + 500]
+        rows += db.execute(query.format(",".join("?" * len(chunk))), chunk).fetchall()
+    return rows
+
+
+def give_back_space(db):
+    """Give the disk back the pages the file no longer uses, where it was made to
+    (auto_vacuum INCREMENTAL: a file since schema 15, or compacted). The pragma frees a
+    page each time it is stepped, and Python steps a statement without columns once."""
+    if db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
+        for _ in range(db.execute("PRAGMA freelist_count").fetchone()[0]):
+            db.execute("PRAGMA incremental_vacuum(1)")
+
+
+def prune(store, keep, now, room=PRUNE_BATCH):
+    """Take one turn of pruning with a keep of KEEP seconds: up to ROOM rows that are
+    older than the keep and that nobody still needs (_prunable_messages, PRUNED) leave
+    the file, with what goes with them, the space they held given back. Answer {kind:
+    rows removed}; empty when nothing is left to prune.
+
+    Invariant: a row leaves the file only in a transaction that commits after its copy,
+    in its month's archive (store.archive: a folder, or None to discard on purpose), is on
+    disk. So a crash anywhere leaves each row in the file, in an archive, or in both (the
+    next prune copies it again, replacing the first copy), never in neither."""
+    where = {"now": now, "since": now - keep, "cutoff": now - keep, "window": store.editing}
+    with store.transaction(write=True) as db:
+        messages, missed = _prunable_messages(db, dict(where, room=room))
+        found, left = [("messages", messages, "ts", ("id",))], room - len(messages)
+        for kind, query, dated, named in PRUNED:
+            rows = db.execute(query, dict(where, room=left)).fetchall() if left > 0 else []
+            found.append((kind, rows, dated, named))
+            left -= len(rows)
+        found = [entry for entry in found if entry[1]]
+        if not found:
+            return {}
+        with_them = {kind: [(table, _rows_in(db, f"SELECT * FROM {table} WHERE {column} IN "
+                                                 "({})", [row["id"] for row in rows]))
+                            for table, column in GOES_WITH.get(kind, ())]
+                     for kind, rows, _, _ in found}
+        months = sorted({month_of(row[dated]) for _, rows, dated, _ in found for row in rows})
+        for month in months if store.archive is not None else ():
+            groups = []
+            for kind, rows, dated, _ in found:
+                mine = [row for row in rows if month_of(row[dated]) == month]
+                ids = {row["id"] for row in mine} if kind in GOES_WITH else set()
+                groups.append((kind, mine))
+                groups += [(table, [row for row in also if row[column] in ids])
+                           for (table, also), (_, column) in zip(with_them.get(kind, ()),
+                                                                  GOES_WITH.get(kind, ()))]
+            if any(kind == "messages" for kind, _, _, _ in found):
+                sent = [row for row in messages if month_of(row["ts"]) == month]
+                groups = [("agents", _rows_in(db, ARCHIVED_AGENT, [row["sender"] for row in sent])),
+                          ("channels", _rows_in(db, ARCHIVED_CHANNEL,
+                                                [row["channel"] for row in sent]))] + groups
+            try:
+                _archive_rows(os.path.join(store.archive, archive_name(month)), groups)
+            except (OSError, sqlite3.Error) as error:
+                raise StoreError(f"cannot write {archive_name(month)}: "
+                                 f"{getattr(error, 'strerror', None) or error}; nothing was "
+                                 "pruned", hint="free some space, or name another folder "
+                                 "with --archive DIR") from None
+        removed = {}
+        for kind, rows, dated, named in found:
+            for (table, _), (_, column) in zip(with_them.get(kind, ()), GOES_WITH.get(kind, ())):
+                db.executemany(f"DELETE FROM {table} WHERE {column} = ?",
+                               [(row["id"],) for row in rows])
+            db.executemany(f"DELETE FROM {kind} WHERE " + " AND ".join(
+                f"{column} = ?" for column in named),
+                [tuple(row[column] for column in named) for row in rows])
+            removed[kind] = len(rows)
+            spans = {}
+            for row in rows:
+                scope = row["channel"] if kind == "messages" else ""
+                key = (scope, month_of(row[dated]) if store.archive is not None else "")
+                number = row["id"] if "id" in named else 0
+                low, high, count = spans.get(key, (number, number, 0))
+                spans[key] = (min(low, number), max(high, number), count + 1)
+            db.executemany("INSERT INTO archived (kind, scope, month, low, high, count) VALUES "
+                           "(?, ?, ?, ?, ?, ?) ON CONFLICT (kind, scope, month) DO UPDATE SET "
+                           "low = min(low, excluded.low), high = max(high, excluded.high), "
+                           "count = count + excluded.count",
+                           [(kind, scope, month, *span) for (scope, month), span in spans.items()])
+        for agent, (count, away) in missed.items():
+            before = db.execute("SELECT missed_in FROM agents WHERE name = ?", (agent,)).fetchone()
+            kept = set(filter(None, (before[0] or "").split(","))) | (
+                away if store.archive is not None else set())
+            db.execute("UPDATE agents SET missed = missed + ?, missed_in = ? WHERE name = ?",
+                       (count, ",".join(sorted(kept)), agent))
+        give_back_space(db)
+    return removed
+
+
+PRUNE_PAUSE = 0.05          # seconds between two prune turns while a server catches up
+
+
+class Pruner:
+    """A server's pruning (serve --keep DAYS): a turn of prune, another after a short pause
+    while there is more (so others' writes go between), then again every PRUNE_EVERY. A
+    turn that fails (an archive it cannot write) removed nothing: said on stderr once until
+    it works again, and tried again at the next round."""
+
+    def __init__(self, store, keep):
+        self.store, self.keep = store, keep
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="agora-pruner", daemon=True)
+
+    def _run(self):
+        said = None
+        while not self.stopping.is_set():
+            removed = {}
+            try:
+                removed = prune(self.store, self.keep, int(time.time()))
+                said = None
+            except AgoraError as error:
+                if error.message != said:
+                    with contextlib.suppress(OSError, ValueError):
+                        print(f"agora: prune: {error.message}", file=sys.stderr, flush=True)
+                said = error.message
+            except Exception:
+                report_bug("the pruner")
+            self.stopping.wait(PRUNE_PAUSE if removed else PRUNE_EVERY)
+
+    def close(self):
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join()
 
 
 ###############################################################################
@@ -7265,10 +7634,6 @@ def _backup_target(source, path, force):
     return target
 
 
-def _size_text(size):
-    return f"{size / 1048576:.1f} MB" if size >= 1048576 else f"{size / 1024:.0f} KB"
-
-
 def _backup_command(options):
     """Copy the live file to PATH as it stood at one moment, while others go on writing.
     SQLite's online backup copies it in steps inside one read transaction (in WAL a reader
@@ -7305,7 +7670,7 @@ def _backup_command(options):
         except (OSError, sqlite3.Error) as error:
             raise StoreError(f"the backup to {target} failed: "
                              f"{getattr(error, 'strerror', None) or error}") from None
-    print(f"backed up {source} to {target}: {_size_text(os.path.getsize(target))}, {summary}")
+    print(f"backed up {source} to {target}: {size_text(os.path.getsize(target))}, {summary}")
     return 0
 
 
@@ -7330,11 +7695,11 @@ def _check_search_index(db, repair):
     db.commit()
 
 
-def _check_command(options):
-    """Check the file: SQLite's integrity check, its schema version, what it holds. Exit 1
-    with SQLite's own words when it is damaged."""
+def _check_file(path, repair=False):
+    """Check one agora file (or archive) at PATH: SQLite's integrity check, its schema
+    version, what it holds; answer its "ok" line, or raise StoreError with SQLite's own
+    words when it is damaged."""
     from urllib.parse import quote
-    path = _existing_file(options)
     unusable = unusable_path(path)
     if unusable is not None:
         raise unusable
@@ -7345,7 +7710,7 @@ def _check_command(options):
                 problems = [row[0] for row in db.execute("PRAGMA integrity_check(20)")]
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 if problems == ["ok"]:
-                    _check_search_index(db, options.repair)
+                    _check_search_index(db, repair)
                 summary = file_summary(db) if problems == ["ok"] else ""
             break
         except sqlite3.DatabaseError as error:
@@ -7357,7 +7722,98 @@ def _check_command(options):
     if problems != ["ok"]:
         raise StoreError(f"{path} is damaged: " + "; ".join(problems),
                          hint="restore a backup, or rescue it with sqlite3's .recover")
-    print(f"ok: {path}, schema {version}, {_size_text(os.path.getsize(path))}, {summary}")
+    return f"ok: {path}, schema {version}, {size_text(os.path.getsize(path))}, {summary}"
+
+
+def archive_folder(option, path):
+    """Answer where a prune of the file at PATH archives: --archive's folder (OPTION), None
+    for --archive none (discard on purpose), else the file's own folder."""
+    if option == "none":
+        return None
+    folder = os.path.abspath(option or os.path.dirname(os.path.abspath(path)))
+    if not os.path.isdir(folder):
+        raise NotFound(f"no folder {folder} for the archives",
+                       hint="make it, or name another with --archive DIR")
+    return folder
+
+
+def archives_in(folder):
+    """Answer the monthly archives in FOLDER, oldest first."""
+    import glob
+    return sorted(glob.glob(os.path.join(glob.escape(folder), archive_name("[0-9]" * 4 + "-"
+                                                                          + "[0-9]" * 2))))
+
+
+def _check_command(options):
+    """Check the file, then each monthly archive a prune wrote (beside it, or in --archive):
+    exit 1 at the first that is damaged."""
+    path = _existing_file(options)
+    print(_check_file(path, options.repair), flush=True)
+    folder = archive_folder(options.archive, path)
+    for archive in archives_in(folder) if folder else ():
+        print(_check_file(archive), flush=True)
+    return 0
+
+
+# What a prune's kinds of rows are called in what it says.
+PRUNED_WORDS = {"messages": "messages", "tasks": "finished tasks",
+                "note_revisions": "note revisions", "reservations": "expired reservations",
+                "edits": "editing marks", "edit_warnings": "edit warnings"}
+
+
+def _prune_command(options):
+    """Prune the file now, turn after turn until nothing is left (cron's way to keep it
+    bounded; safe beside a server on the same file), and say what went where."""
+    path = _existing_file(options)
+    if options.keep < 1:
+        raise UsageError(f"--keep must be 1 or more days, not {options.keep}")
+    total = {}
+    with contextlib.closing(Store(path)) as store:
+        store.archive = archive_folder(options.archive, path)
+        while True:
+            removed = prune(store, options.keep * 86400, int(time.time()))
+            if not removed:
+                break
+            for kind, count in removed.items():
+                total[kind] = total.get(kind, 0) + count
+    what = ", ".join(f"{count:,} {PRUNED_WORDS[kind]}" for kind, count in total.items())
+    went = (f"archived in {store.archive}" if store.archive else "discarded") if total else ""
+    print(f"pruned {what or 'nothing'} older than {options.keep} days"
+          + (f", {went}" if went else "") + f"; {path} is {size_text(os.path.getsize(path))}")
+    return 0
+
+
+COMPACT_RATE = 40 * 1048576     # bytes a second compact rewrites, about (measured: 2 cores)
+
+
+def _compact_command(options):
+    """Rewrite the file without its free pages, and switch a file made before agora gave
+    space back to doing so (auto_vacuum INCREMENTAL): a VACUUM, which needs the file to
+    itself. Refused while another process (a server) has it open."""
+    path = _existing_file(options)
+    unusable = unusable_path(path)
+    if unusable is not None:
+        raise unusable
+    size = os.path.getsize(path)
+    con = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        con.execute("PRAGMA locking_mode = EXCLUSIVE")
+        try:
+            con.execute("BEGIN EXCLUSIVE")
+            con.execute("COMMIT")
+        except sqlite3.OperationalError:
+            raise StoreError(f"{path} is open in another process (a server?): compact runs "
+                             "alone", hint="stop it, compact, then start it again") from None
+        print(f"compacting {path} ({size_text(size)}): about "
+              f"{max(1, round(size / COMPACT_RATE))} s", flush=True)
+        con.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        con.execute("VACUUM")
+    except sqlite3.Error as error:
+        raise file_problem(path, error) or StoreError(f"cannot compact {path}: {error}") from None
+    finally:
+        con.close()
+    print(f"compacted {path}: {size_text(size)} -> {size_text(os.path.getsize(path))}; "
+          "from now on a prune gives its space back")
     return 0
 
 
@@ -8052,11 +8508,17 @@ def _serve_command(options):
     with contextlib.closing(Store(getattr(options, "db", None) or default_db_path(),
                                   join_key=options.join_key)) as store:
         store.editing = max(1, options.editing) * 60
+        store.archive = archive_folder(options.archive, store.path)
+        if options.keep is not None and options.keep < 1:
+            raise UsageError(f"--keep must be 1 or more days, not {options.keep}")
         if options.a2a_guest:
             try:
                 ensure_local_agent(store, options.a2a_guest, int(time.time()))
             except AgoraError as error:
                 raise UsageError(f"--a2a-guest: {error.message}") from None
+        pruner = Pruner(store, options.keep * 86400) if options.keep else None
+        if pruner is not None:
+            pruner.thread.start()
         try:
             return serve(store, host, port, allow_hosts=options.allow_host,
                          quiet=options.quiet, public_url=options.public_url,
@@ -8068,6 +8530,9 @@ def _serve_command(options):
                          notify_private=options.notify_private)
         except OSError as error:
             raise AgoraError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+        finally:
+            if pruner is not None:
+                pruner.close()
 
 
 # The command line's own commands, beside the operations: what runs each; whether its
@@ -8090,7 +8555,12 @@ CLI_COMMANDS = {
     "backup": CliCommand(_backup_command, False, ("db",),
                          "copy the live file, safely while others write"),
     "check": CliCommand(_check_command, False, ("db",),
-                        "check the file's integrity; say its schema and counts"),
+                        "check the file's integrity (and its archives'); say its schema and "
+                        "counts"),
+    "prune": CliCommand(_prune_command, False, ("db",), "archive, then remove, what is older "
+                        "than --keep DAYS and no one still needs"),
+    "compact": CliCommand(_compact_command, False, ("db",), "rewrite the file without its "
+                          "free space, so a prune gives space back (offline)"),
     "install": CliCommand(_install_command, False, (),
                           "write the agora command: this command line, started quickly"),
 }
@@ -8158,6 +8628,8 @@ def _build_parser(command=None, argv=()):
     built = {name: commands.add_parser(name, parents=[needs[need] for need in spec.needs],
                                        help=spec.help)
              for name, spec in CLI_COMMANDS.items() if wanted(name)}
+    archive_help = ("where the monthly archives are (default: beside the file); none: "
+                    "discard what a prune removes, on purpose")
     if "serve" in built:
         add = built["serve"].add_argument
         add("--addr", default=f"127.0.0.1:{DEFAULT_PORT}",
@@ -8189,6 +8661,9 @@ def _build_parser(command=None, argv=()):
                  f"(default {EDITING // 60})")
         add("--notify-private", action="store_true",
             help="let notices go over http to loopback and private addresses (a LAN ntfy)")
+        add("--keep", type=int, metavar="DAYS", help="prune what is older than this and no "
+            "one still needs, archiving it first (default: keep everything)")
+        add("--archive", metavar="DIR", help=archive_help)
     if "stdio" in built:
         add = built["stdio"].add_argument
         add("--channel", action="store_true",
@@ -8232,6 +8707,13 @@ def _build_parser(command=None, argv=()):
     if "check" in built:
         built["check"].add_argument("--repair", action="store_true",
                                     help="rebuild a damaged search index")
+    if "check" in built:
+        built["check"].add_argument("--archive", metavar="DIR", help=archive_help)
+    if "prune" in built:
+        add = built["prune"].add_argument
+        add("--keep", type=int, required=True, metavar="DAYS",
+            help="keep what is younger than this, and all that someone still needs")
+        add("--archive", metavar="DIR", help=archive_help)
     if "backup" in built:
         add = built["backup"].add_argument
         add("path", metavar="PATH", help="the copy to write")
@@ -8405,6 +8887,7 @@ button.link { border: none; background: none; padding: 0; color: var(--accent); 
 #status { position: fixed; bottom: .8em; left: 50%; transform: translateX(-50%);
           max-width: 90vw; padding: .4em .9em; overflow-wrap: anywhere; }
 #status:empty { display: none; }
+#file-facts { color: var(--muted); font-size: .85em; text-align: center; margin: 1.5em 0 .5em; }
 @media (max-width: 760px) {
   section, .tasks-row { flex-direction: column; }
   .tasks-row { align-items: stretch; }
@@ -8521,6 +9004,14 @@ function follow(hash) {
     }).catch((error) => say(error.message));
   else if (kind) show({task: "tasks", agent: "team"}[kind]);
   return Boolean(kind);
+}
+
+// The footer: how big the file is, and how far back its messages go (a prune's keep).
+function showFile(file) {
+  const size = file.bytes >= 1048576 ? (file.bytes / 1048576).toFixed(1) + " MB"
+                                     : Math.round(file.bytes / 1024) + " KB";
+  $("#file-facts").textContent = "the file: " + size +
+    (file.since ? ", messages since " + file.since : "");
 }
 
 // Whether a decision is being answered: its form open, so no redraw takes what is typed.
@@ -8717,6 +9208,7 @@ async function loadNeeds() {
     person ? api("brief", {}) : signedIn, api("tasks", {which: "open", limit: 200}),
     api("tasks", {which: "blocked", limit: 200}), api("agents", {limit: 200})]);
   if (answering()) return;
+  showFile(brief.file);
   const now = Date.now() / 1000;
   const items = open.concat(blocked).filter((task) => task.for === me).map((task) =>
     el("li", {className: "need", "data-id": task.id},
@@ -9193,6 +9685,7 @@ WEB_BODY = """
     <section id="tab-team" hidden><ul id="team"></ul></section>
   </main>
   <p id="status" class="card" role="status"></p>
+  <footer id="file-facts"></footer>
 </div>
 """
 

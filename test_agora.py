@@ -8,6 +8,7 @@ or pytest.
 import collections
 import contextlib
 import functools
+import glob
 import http.client
 import io
 import json
@@ -1578,8 +1579,12 @@ class MessageIndexTest(StoreCase):
         for column in ("works_for", "notify", "notify_secret", "quiet_until", "notify_failed",
                        "notify_error"):
             con.execute(f"ALTER TABLE agents DROP COLUMN {column}")
-        for table in ("notice_items", "notices", "edits", "edit_warnings"):
+        for table in ("notice_items", "notices", "edits", "edit_warnings", "archived"):
             con.execute(f"DROP TABLE {table}")
+        for column in ("missed", "missed_in"):
+            con.execute(f"ALTER TABLE agents DROP COLUMN {column}")
+        for later in ("messages_fts_delete", "tasks_fts_update", "tasks_fts_delete"):
+            con.execute(f"DROP TRIGGER {later}")
         con.execute(trigger)
         con.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
         con.execute("INSERT INTO messages (channel, sender, body, ts) "
@@ -3147,6 +3152,301 @@ class EditMarksTest(StoreCase):
         answers = self.in_threads(8, lambda i: self.edit(now=T0 + 60, paths=["hot.py"]).body)
         self.assertEqual(sum(len(answer["lines"]) for answer in answers), 1, answers)
         self.assertEqual(len(self.mailbox("bob")), 1)
+
+
+DAY = 86400
+
+
+class PruneTest(StoreCase):
+    """A team that runs for months: what a prune keeps, what it archives first, and what it
+    tells. The clock moves through now; KEEP is thirty days."""
+
+    KEEP = 30 * DAY
+
+    def prune(self, now):
+        """Prune at NOW until nothing is left; answer {kind: rows removed} in all."""
+        total = {}
+        while True:
+            removed = agora.prune(self.store, self.KEEP, now)
+            if not removed:
+                return total
+            for kind, count in removed.items():
+                total[kind] = total.get(kind, 0) + count
+
+    def archived(self, month, sql):
+        """Answer the rows of SQL in MONTH's archive (YYYY-MM) beside the file."""
+        path = os.path.join(self.dir, agora.archive_name(month))
+        with contextlib.closing(sqlite3.connect(path)) as con:
+            return con.execute(sql).fetchall()
+
+    def test_what_nobody_needs_is_archived_then_removed_and_the_rest_kept(self):
+        for who in ("bob", "carol"):
+            self.ok("brief", who=who)
+        old = [self.ok("post", body=f"old {i}", now=T0 + i)["id"] for i in range(5)]
+        self.ok("read", who="bob", now=T0 + 40 * DAY, limit=200)
+        self.ok("read", who="carol", now=T0 + 40 * DAY, limit=2)     # carol has 3 to read
+        new = self.ok("post", body="new", now=T0 + 40 * DAY)["id"]
+        done = self.ok("post_task", title="shipped", now=T0)["id"]
+        self.ok("claim", who="bob", id=done, now=T0)
+        self.ok("done", who="bob", id=done, result="ok", now=T0)
+        blocker = self.ok("post_task", title="a finished blocker", now=T0)["id"]
+        self.ok("claim", who="bob", id=blocker, now=T0)
+        self.ok("done", who="bob", id=blocker, result="ok", now=T0)
+        waiting = self.ok("post_task", title="waits", after=[blocker], now=T0)["id"]
+        self.ok("cancel", id=waiting, now=T0)
+        after = self.ok("post_task", title="still open", after=[blocker], now=T0)["id"]
+        for version in range(15):
+            self.ok("write_note", key="design", body=f"v{version}", now=T0 + version)
+        self.ok("reserve", who="bob", paths="src/**", lease=60, now=T0)
+        self.ok("reserve", who="bob", paths="docs/**", lease=3600, now=T0 + 41 * DAY - 60)
+        now = T0 + 41 * DAY
+        removed = self.prune(now)
+        self.assertEqual(removed, {"messages": 2, "tasks": 2, "note_revisions": 5,
+                                   "reservations": 1})
+        kept = [m["id"] for m in self.ok("history", who="bob", channel="public", now=now,
+                                         limit=200)["messages"]]
+        self.assertEqual(kept, old[2:] + [new])     # carol still has #3-#5 to read
+        self.assertEqual([m["body"] for m in self.ok("read", who="carol", now=now)["messages"]],
+                         ["old 2", "old 3", "old 4", "new"])
+        self.assertEqual(self.ok("task", id=after, now=now)["task"]["status"], "open")
+        self.ok("task", id=blocker, now=now)        # something unfinished waits for it
+        self.assertIn("is archived", self.refused(404, "task", id=done, now=now))
+        self.ok("read_note", key="design", version=6, now=now)
+        self.assertIn("no version 5", self.refused(404, "read_note", key="design", version=5,
+                                                   now=now))
+        self.assertEqual([r["path"] for r in self.ok("reservations", now=now)["reservations"]],
+                         ["docs/**"])
+        month = agora.month_of(T0)
+        self.assertEqual(self.archived(month, "SELECT id, body FROM messages ORDER BY id"),
+                         [(old[0], "old 0"), (old[1], "old 1")])
+        self.assertEqual(self.archived(month, "SELECT id, status FROM tasks ORDER BY id"),
+                         [(done, "done"), (waiting, "cancelled")])
+        self.assertEqual(self.archived(month, "SELECT version FROM note_revisions ORDER BY "
+                                              "version"), [(v,) for v in range(1, 6)])
+        self.assertEqual(self.archived(month, "SELECT path FROM reservations"), [("src/**",)])
+        self.assertEqual(self.archived(month, "SELECT name, token_hash FROM agents WHERE "
+                                              "name = 'alice'"), [("alice", None)])
+        self.assertEqual(self.prune(now), {"messages": 3})     # what carol has read now
+        self.assertEqual(self.prune(now), {})
+        for name in [self.db] + glob.glob(os.path.join(self.dir, "agora-archive-*.db")):
+            self.assertIn("ok:", agora._check_file(name))
+
+    def test_a_hold_and_an_owed_acknowledgement_keep_their_messages(self):
+        self.ok("brief", who="bob")
+        held = self.ok("post", body="held", now=T0)["id"]
+        asked = self.ok("post", body="ack this", to="bob", ack=True, now=T0)["id"]
+        self.ok("read", who="bob", hold=86400, now=T0 + 40 * DAY - 60, limit=1)
+        self.ok("read", who="bob", now=T0 + 40 * DAY - 30)
+        removed = self.prune(T0 + 40 * DAY)
+        self.assertEqual(removed, {})
+        self.ok("message", who="bob", id=held, now=T0 + 40 * DAY)
+        self.ok("ack", who="bob", now=T0 + 40 * DAY)        # both: the hold ends, the ack paid
+        self.assertEqual(self.prune(T0 + 40 * DAY), {"messages": 2})
+        self.assertIn("is archived", self.refused(404, "message", who="bob", id=asked,
+                                                  now=T0 + 40 * DAY))
+
+    def test_an_agent_away_is_told_once_what_went_to_the_archive(self):
+        self.ok("brief", who="carol", now=T0)
+        for i in range(3):
+            self.ok("post", body=f"while carol was away {i}", now=T0 + i)
+        self.ok("post", body="for carol", to="carol", now=T0)
+        self.ok("brief", who="bob", now=T0 + 40 * DAY)       # active; carol is not
+        self.assertEqual(self.prune(T0 + 40 * DAY), {"messages": 4})
+        brief = self.call("brief", who="carol", now=T0 + 41 * DAY)
+        month = agora.month_of(T0)
+        self.assertEqual(brief.body["archived_unread"],
+                         {"count": 4, "archives": [agora.archive_name(month)]})
+        self.assertIn(f"while you were away 4 messages you had not read went to "
+                      f"{agora.archive_name(month)}", brief.text)
+        again = self.call("brief", who="carol", now=T0 + 41 * DAY + 1)
+        self.assertEqual(again.body["archived_unread"]["count"], 0)
+        self.assertNotIn("while you were away", again.text)
+        self.assertEqual(again.body["file"], {"bytes": os.path.getsize(self.db), "since": None})
+
+    def test_a_persons_brief_shows_the_file_and_how_far_back_it_goes(self):
+        self.ok("join", name="ann", person=True)
+        self.ok("post", body="the oldest kept", now=T0 + 40 * DAY)
+        brief = self.call("brief", who="ann", now=T0 + 41 * DAY)
+        since = time.strftime("%Y-%m-%d", time.gmtime(T0 + 40 * DAY))
+        self.assertEqual(brief.body["file"]["since"], since)
+        self.assertIn(f"the file: {agora.size_text(os.path.getsize(self.db))}, messages since "
+                      f"{since}", brief.text)
+        self.assertNotIn("the file:", self.call("brief", who="bob").text)   # for people
+
+    def test_an_active_agent_that_never_reads_keeps_what_others_wrote(self):
+        self.ok("brief", who="bob")
+        self.ok("post", body="from alice", now=T0)
+        self.ok("post", who="bob", body="from bob", now=T0)
+        self.ok("brief", who="bob", now=T0 + 40 * DAY)
+        self.ok("brief", who="alice", now=T0 + 40 * DAY)
+        self.assertEqual(self.prune(T0 + 40 * DAY), {})     # bob never read alice's post
+        self.ok("read", who="bob", now=T0 + 40 * DAY)
+        self.assertEqual(self.prune(T0 + 40 * DAY), {"messages": 1})   # alice's own stays
+        self.ok("read", now=T0 + 40 * DAY)                            # until alice reads bob's
+        self.assertEqual(self.prune(T0 + 40 * DAY), {"messages": 1})
+
+    def test_history_message_and_a_reply_say_where_older_messages_went(self):
+        first = self.ok("post", body="the first", now=T0)["id"]
+        self.ok("post", body="still here", now=T0 + 40 * DAY)
+        self.prune(T0 + 40 * DAY)
+        month = agora.month_of(T0)
+        page = self.call("history", channel="public", now=T0 + 40 * DAY)
+        self.assertEqual(page.body["older"], {"archive": month,
+                                              "file": agora.archive_name(month)})
+        self.assertIn(f"(older messages: archive {month} ({agora.archive_name(month)}))",
+                      page.text)
+        for op, args in (("message", {"id": first}), ("post", {"body": "re", "reply_to": first})):
+            with self.subTest(op):
+                self.assertEqual(self.refused(404, op, now=T0 + 40 * DAY, **args),
+                                 f"message #{first} is archived: archive {month} "
+                                 f"({agora.archive_name(month)})")
+        self.assertEqual(self.refused(404, "message", now=T0 + 40 * DAY, id=999),
+                         "no message #999")
+
+    def test_another_mailbox_archived_says_nothing_of_it(self):
+        self.ok("brief", who="bob")
+        secret = self.ok("post", body="for bob only", to="bob", now=T0)["id"]
+        self.prune(T0 + 40 * DAY)
+        self.assertEqual(self.refused(404, "message", who="carol", id=secret,
+                                      now=T0 + 40 * DAY), f"no message #{secret}")
+
+    def test_archive_none_discards_on_purpose_and_says_so(self):
+        self.ok("post", body="gone", now=T0)
+        self.ok("post", body="kept", now=T0 + 40 * DAY)
+        self.store.archive = None
+        self.assertEqual(self.prune(T0 + 40 * DAY), {"messages": 1})
+        self.assertEqual(glob.glob(os.path.join(self.dir, "agora-archive-*")), [])
+        page = self.call("history", channel="public", now=T0 + 40 * DAY)
+        self.assertIn("(older messages: discarded (the server keeps no archive))", page.text)
+
+    def test_an_archive_that_cannot_be_written_prunes_nothing(self):
+        self.ok("post", body="must not be lost", now=T0)
+        os.mkdir(os.path.join(self.dir, agora.archive_name(agora.month_of(T0))))  # not a file
+        with self.assertRaises(agora.StoreError) as refused:
+            agora.prune(self.store, self.KEEP, T0 + 40 * DAY)
+        self.assertIn("nothing was pruned", refused.exception.message)
+        self.assertEqual([m["body"] for m in self.ok("history", channel="public",
+                                                     now=T0 + 40 * DAY)["messages"]],
+                         ["must not be lost"])
+
+    def test_the_search_index_follows_what_leaves_and_what_changes(self):
+        self.ok("post", body="zebra crossing", now=T0)
+        task = self.ok("post_task", title="giraffe", now=T0)["id"]
+        self.ok("update_task", id=task, title="okapi", now=T0)
+        self.assertEqual([hit["id"] for hit in self.ok("search", q="okapi")["hits"]], [task])
+        self.assertEqual(self.ok("search", q="giraffe")["hits"], [])
+        self.ok("cancel", id=task, now=T0)
+        self.ok("post", body="later", now=T0 + 40 * DAY)
+        self.prune(T0 + 40 * DAY)
+        for word in ("zebra", "okapi"):
+            self.assertEqual(self.ok("search", q=word, now=T0 + 40 * DAY)["hits"], [])
+        self.assertIn("ok:", agora._check_file(self.db))    # the index is whole
+
+
+class PruneCommandTest(unittest.TestCase):
+    """prune, compact and check on the command line, and serve --keep, on real files."""
+
+    def setUp(self):
+        self.dir = temp_dir(self)
+        self.db = os.path.join(self.dir, "agora.db")
+
+    def agora(self, *argv):
+        return subprocess.run([sys.executable, AGORA, *argv, "--db", self.db],
+                              capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, HOME=self.dir))
+
+    def old_file(self, days=40):
+        """Write a file whose messages were posted DAYS ago and read by everyone since."""
+        with contextlib.closing(agora.Store(self.db)) as store:
+            now = int(time.time())
+            for i in range(5):
+                agora.call(store, "post", {"body": f"old {i}"}, agora.Caller("alice", True),
+                           now - days * 86400 + i)
+            agora.call(store, "read", {}, agora.Caller("alice", True), now)
+
+    def test_prune_archives_then_check_checks_the_archives(self):
+        self.old_file()
+        done = self.agora("prune", "--keep", "30")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertRegex(done.stdout, rf"^pruned 5 messages older than 30 days, archived in "
+                                      rf"{re.escape(self.dir)}; {re.escape(self.db)} is ")
+        archives = glob.glob(os.path.join(self.dir, "agora-archive-*.db"))
+        self.assertEqual(len(archives), 1)
+        checked = self.agora("check")
+        self.assertEqual(checked.returncode, 0, checked.stderr)
+        self.assertIn(f"ok: {archives[0]}, schema {agora.SCHEMA_VERSION}", checked.stdout)
+        self.assertIn("5 messages", checked.stdout.splitlines()[1])
+        read = subprocess.run([sys.executable, AGORA, "history", "channel=public", "--as",
+                               "alice", "--db", archives[0]], capture_output=True, text=True,
+                              timeout=60)
+        self.assertEqual(read.returncode, 0, read.stderr)
+        self.assertIn("public alice", read.stdout)
+        self.assertEqual(read.stdout.count("\n"), 5)
+        again = self.agora("prune", "--keep", "30")
+        self.assertTrue(again.stdout.startswith("pruned nothing older than 30 days;"), again.stdout)
+
+    def test_prune_refuses_a_keep_under_a_day_and_a_missing_archive_folder(self):
+        self.old_file()
+        for argv, said in ((["--keep", "0"], "--keep must be 1 or more days"),
+                           (["--keep", "30", "--archive", os.path.join(self.dir, "nope")],
+                            "no folder")):
+            with self.subTest(argv):
+                done = self.agora("prune", *argv)
+                self.assertNotEqual(done.returncode, 0)
+                self.assertIn(said, done.stderr)
+                self.assertEqual(done.stderr.count("\n"), 1, done.stderr)
+        self.assertEqual(glob.glob(os.path.join(self.dir, "agora-archive-*")), [])
+
+    def test_compact_gives_space_back_and_refuses_while_the_file_is_open(self):
+        self.old_file()
+        with contextlib.closing(sqlite3.connect(self.db)) as con:
+            con.execute("PRAGMA auto_vacuum = NONE")        # as a file of an older agora
+            con.execute("VACUUM")
+            self.assertEqual(con.execute("PRAGMA auto_vacuum").fetchone()[0], 0)
+            busy = self.agora("compact")
+        self.assertEqual(busy.returncode, 1)
+        self.assertIn("is open in another process", busy.stderr)
+        done = self.agora("compact")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertRegex(done.stdout, r"^compacting .*: about \d+ s\ncompacted ")
+        with contextlib.closing(sqlite3.connect(self.db)) as con:
+            self.assertEqual(con.execute("PRAGMA auto_vacuum").fetchone()[0], 2)
+
+    def test_a_new_file_gives_back_what_a_prune_frees(self):
+        with contextlib.closing(agora.Store(self.db)) as store:
+            now = int(time.time())
+            for i in range(300):
+                agora.call(store, "post", {"body": f"{i} " + "x" * 4000},
+                           agora.Caller("alice", True), now - 40 * 86400 + i)
+            store.archive = None
+
+            def size():
+                with store.autocommit() as db:
+                    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                return os.path.getsize(self.db)
+            grown = size()
+            while agora.prune(store, 30 * 86400, now):
+                pass
+            self.assertLess(size(), grown / 3)
+
+    def test_serve_keep_prunes_as_it_serves(self):
+        self.old_file()
+        server = subprocess.Popen([sys.executable, AGORA, "serve", "--addr", "127.0.0.1:0",
+                                   "--keep", "30", "--db", self.db], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertIn("listening", read_line(server.stdout))
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not glob.glob(
+                    os.path.join(self.dir, "agora-archive-*.db")):
+                time.sleep(0.1)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            _, err = server.communicate(timeout=30)
+        self.assertEqual(server.returncode, 0, err)
+        with contextlib.closing(sqlite3.connect(self.db)) as con:
+            self.assertEqual(con.execute("SELECT count(*) FROM messages").fetchone()[0], 0)
+        self.assertNotIn("Traceback", err)
 
 
 class ReservationBoundsTest(StoreCase):
