@@ -103,7 +103,8 @@ bench:
 	$(PYTHON) .ci/bench.py
 
 # Races across processes, kill -9 under load, fuzzing and slow clients, a crowd of
-# waiting agents: bounded, loopback only, about a minute and a half. CI runs it.
+# waiting agents, a simulated year of a team with --keep 30: bounded, loopback only,
+# about six minutes. CI runs it.
 .PHONY: stress
 stress:
 	$(PYTHON) .ci/stress.py

@@ -5,6 +5,7 @@ count and time, and stops by itself; the run ends with 'N passed, N failed'.
 Standard library only.
 """
 
+import contextlib
 import http.client
 import json
 import os
@@ -854,6 +855,134 @@ def receiver_down(work, minutes=10):
     store.close()
 
 
+DAY = 86400
+
+
+def a_year(work, days=365, per_day=(480, 40, 40)):
+    """A team that runs for a year, the clock moved through now: each day ten agents post
+    PER_DAY messages (a few direct), finish tasks and revise notes, each reading what came,
+    and a prune keeps 30 days. The file stays under twice the size of its busiest 30 days
+    (a file that kept those alone), read and brief take as long in December as in
+    February, every row pruned is in an archive and each archive checks out, and a prune
+    killed with -9 midway leaves every message in the file or an archive."""
+    db = os.path.join(work, "year.db")
+    store = agora.Store(db)
+    agents = [f"a{i}" for i in range(10)]
+    messages, tasks, revisions = per_day
+    start = 1_767_225_600          # 2026-01-01
+    who = {name: agora.Caller(name, True) for name in agents}
+
+    def call(op, name, now, **args):
+        return agora.call(store, op, args, who[name], now)
+
+    def size():
+        with store.autocommit() as con:
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return os.path.getsize(db)
+    for name in agents:
+        call("brief", name, start)
+    posted = 0
+    sizes, timings = {}, {}
+    for day in range(days):
+        now = start + day * DAY
+        with store.transaction(write=True):
+            for i in range(messages):
+                sender = agents[i % 10]
+                to = {"to": agents[(i + 1) % 10]} if i % 20 == 0 else {}
+                call("post", sender, now + i, body=f"day {day} message {i} " + "words " * 20, **to)
+                posted += 1
+            for i in range(tasks):
+                task = call("post_task", agents[i % 10], now + i,
+                            title=f"day {day} task {i}").body["id"]
+                call("claim", agents[(i + 1) % 10], now + i, id=task)
+                call("done", agents[(i + 1) % 10], now + i, id=task, result="done")
+            for i in range(revisions):
+                call("write_note", agents[i % 10], now + i, key=f"notes/{i % 8}",
+                     body=f"day {day} revision {i} " + "text " * 30)
+        with store.transaction(write=True):
+            for name in agents:
+                while call("read", name, now + 3600, limit=200).body["messages"]:
+                    pass
+        if day >= 30:
+            while agora.prune(store, 30 * DAY, now + 7200):
+                pass
+        if day == 29:
+            sizes["busiest 30 days"] = size()
+        if day % 60 == 30 or day == days - 1:
+            took = []
+            for name in agents[:3]:
+                for op in ("read", "brief"):
+                    began = time.perf_counter()
+                    call(op, name, now + 7300)
+                    took.append(time.perf_counter() - began)
+            timings[day] = statistics.median(took) * 1000
+    sizes["after a year"] = size()
+    archives = sorted(glob_archives(work))
+    archived = 0
+    for path in archives:
+        with contextlib.closing(sqlite3.connect(path)) as con:
+            archived += con.execute("SELECT count(*) FROM messages").fetchone()[0]
+    with store.autocommit() as con:
+        kept = con.execute("SELECT count(*) FROM messages").fetchone()[0]
+        made = con.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()[0]
+    store.close()
+    checked = [agora._check_file(path) for path in [db] + archives]
+    check(f"a year: {posted:,} messages posted over {days} days with --keep 30; the file is "
+          f"{sizes['after a year'] / 1048576:.1f} MB after a year, its busiest 30 days alone "
+          f"{sizes['busiest 30 days'] / 1048576:.1f} MB (under twice that)",
+          sizes["after a year"] < 2 * sizes["busiest 30 days"], sizes)
+    first, last = timings[min(timings)], timings[max(timings)]
+    check(f"a year: read and brief in median {first:.1f} ms in the second month, "
+          f"{last:.1f} ms in the last (flat: under twice)", last < 2 * max(first, 1.0), timings)
+    check(f"a year: every message is in the file ({kept:,}) or an archive ({archived:,}, "
+          f"{len(archives)} monthly files): {made:,} made, the board's own included",
+          kept + archived == made, (kept, archived, made))
+    check("a year: check is ok on the file and every archive",
+          all(line.startswith("ok:") for line in checked), checked[:2])
+    killed_midway(work, db)
+
+
+def glob_archives(folder):
+    return [os.path.join(folder, name) for name in os.listdir(folder)
+            if re.fullmatch(r"agora-archive-\d{4}-\d{2}\.db", name)]
+
+
+def killed_midway(work, db):
+    """kill -9 a prune that has much to do: afterwards every message is in the file or in
+    an archive (never in neither), and the next prune finishes the work."""
+    folder = os.path.join(work, "midway")
+    os.mkdir(folder)
+    copy = os.path.join(folder, "year.db")
+    shutil.copy(db, copy)
+    prune = subprocess.Popen([sys.executable, AGORA, "prune", "--keep", "1", "--db", copy],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not glob_archives(folder):
+        time.sleep(0.01)
+    time.sleep(0.2)
+    prune.kill()
+    prune.communicate()
+
+    def ids(path):
+        with contextlib.closing(sqlite3.connect(path)) as con:
+            return {row[0] for row in con.execute("SELECT id FROM messages")}
+    present = ids(copy)
+    archived = set().union(*[ids(path) for path in glob_archives(folder)])
+    before = set().union(*[ids(path) for path in glob_archives(work)])  # the year's own
+    every = ids(db) | before
+    lost = every - present - archived - before
+    check(f"a prune killed midway: of {len(every):,} messages {len(present):,} in the file, "
+          f"{len(archived):,} archived, none in neither", not lost and present and archived,
+          sorted(lost)[:5])
+    again = subprocess.run([sys.executable, AGORA, "prune", "--keep", "1", "--db", copy],
+                           capture_output=True, text=True, timeout=300)
+    checked = subprocess.run([sys.executable, AGORA, "check", "--db", copy],
+                             capture_output=True, text=True, timeout=300)
+    check("a prune killed midway: the next prune finishes, and check is ok",
+          again.returncode == 0 and checked.returncode == 0,
+          again.stderr + checked.stderr)
+
+
 def main():
     """Run every stress check; answer the exit status."""
     work = tempfile.mkdtemp(prefix="agora-stress-")
@@ -861,7 +990,7 @@ def main():
     try:
         for run in (claim_races, inbox_drains, kill_nine, fuzz_http, slow_clients, crowds,
                     crowd_of_waiters, admission_flood, failing_log, herd, plan_flood,
-                    reserve_flood, receiver_down, notices_off_the_box):
+                    reserve_flood, receiver_down, notices_off_the_box, a_year):
             run(work)
     finally:
         for process in STARTED:
