@@ -111,7 +111,7 @@ GIVE_UP = 86400             # seconds a notice is tried before it is given up (a
 NOTICE_ITEMS = 100          # things one person's outbox gathers for one notice at most
 EDITING = 600               # seconds an agent's edit of a path is told to the next editor
 MARK_EVERY = 60             # seconds between two writes of one agent's mark on one path
-PRUNE_BATCH = 1000          # rows one prune turn archives and removes at most
+PRUNE_BATCH = 200           # rows one prune turn archives and removes at most (~25 ms)
 PRUNE_EVERY = 600           # seconds between a server's prunes once it has caught up
 KEEP_REVISIONS = 10         # a note's newest revisions a prune always keeps
 
@@ -5478,14 +5478,24 @@ def _prunable_messages(db, where):
     return rows, missed
 
 
+def _make_archive(path):
+    """Make the archive at PATH, with agora's tables (so agora reads it as it reads its
+    file), unless it is there; its folder synced, so the new name lasts."""
+    if os.path.exists(path):
+        return
+    Store(path, fts=False).close()
+    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
 def _archive_rows(path, groups):
-    """Copy GROUPS ((table, rows), ...) into the archive at PATH, made when missing with
-    agora's tables, and return once that is on disk (synchronous=FULL; a new file's folder
-    synced too). A row already there is replaced: a prune the file did not commit runs
-    again."""
-    new = not os.path.exists(path)
-    if new:
-        Store(path, fts=False).close()      # agora's tables, so agora can read it again
+    """Copy GROUPS ((table, rows), ...) into the archive at PATH (made when missing), and
+    return once that is on disk (synchronous=FULL). A row already there is replaced: a
+    prune the file did not commit runs again."""
+    _make_archive(path)
     con = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None)
     try:
         con.execute("PRAGMA synchronous = FULL")
@@ -5500,12 +5510,6 @@ def _archive_rows(path, groups):
         con.execute("COMMIT")
     finally:
         con.close()
-    if new:
-        folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
 
 
 # Who wrote or holds what an archive keeps, copied beside it (never a token): so agora reads
@@ -5533,6 +5537,18 @@ def give_back_space(db):
             db.execute("PRAGMA incremental_vacuum(1)")
 
 
+def _found(db, where, room):
+    """Answer (what a prune takes now, up to ROOM rows: (kind, rows, dated, named) for
+    each kind with some; the agents away it tells: _prunable_messages')."""
+    messages, missed = _prunable_messages(db, dict(where, room=room))
+    found, left = [("messages", messages, "ts", ("id",))], room - len(messages)
+    for kind, query, dated, named in PRUNED:
+        rows = db.execute(query, dict(where, room=left)).fetchall() if left > 0 else []
+        found.append((kind, rows, dated, named))
+        left -= len(rows)
+    return [entry for entry in found if entry[1]], missed
+
+
 def prune(store, keep, now, room=PRUNE_BATCH):
     """Take one turn of pruning with a keep of KEEP seconds: up to ROOM rows that are
     older than the keep and that nobody still needs (_prunable_messages, PRUNED) leave
@@ -5544,16 +5560,17 @@ def prune(store, keep, now, room=PRUNE_BATCH):
     disk. So a crash anywhere leaves each row in the file, in an archive, or in both (the
     next prune copies it again, replacing the first copy), never in neither."""
     where = {"now": now, "since": now - keep, "cutoff": now - keep, "window": store.editing}
+    if store.archive is not None:       # a month's new archive is made outside the turn
+        with store.transaction() as db:
+            found, _ = _found(db, where, room)
+        for month in sorted({month_of(row[dated]) for _, rows, dated, _ in found
+                             for row in rows}):
+            _make_archive(os.path.join(store.archive, archive_name(month)))
     with store.transaction(write=True) as db:
-        messages, missed = _prunable_messages(db, dict(where, room=room))
-        found, left = [("messages", messages, "ts", ("id",))], room - len(messages)
-        for kind, query, dated, named in PRUNED:
-            rows = db.execute(query, dict(where, room=left)).fetchall() if left > 0 else []
-            found.append((kind, rows, dated, named))
-            left -= len(rows)
-        found = [entry for entry in found if entry[1]]
+        found, missed = _found(db, where, room)
         if not found:
             return {}
+        messages = found[0][1] if found[0][0] == "messages" else []
         with_them = {kind: [(table, _rows_in(db, f"SELECT * FROM {table} WHERE {column} IN "
                                                  "({})", [row["id"] for row in rows]))
                             for table, column in GOES_WITH.get(kind, ())]
@@ -8832,6 +8849,7 @@ aside button.current { background: #e4ebfb; }
 .pane h2 { margin: 0 0 .5em; font-size: 1.05em; overflow-wrap: anywhere; }
 .messages { list-style: none; margin: 0; padding: 0; max-height: 60vh; overflow-y: auto; }
 .messages li { padding: .4em 0; border-bottom: 1px solid var(--line); }
+.messages li.older { color: var(--muted); font-size: .9em; }
 .meta { color: var(--muted); font-size: .85em; }
 .meta button { border: none; background: none; color: var(--accent); padding: 0 .3em; }
 .text { white-space: pre-wrap; overflow-wrap: anywhere; }
@@ -9091,6 +9109,10 @@ function pick(list, names, current, choose) {
     label, fresh[name] ? el("span", {className: "badge"}, String(fresh[name])) : null)));
 }
 
+// Where the messages before the first kept went, when a prune took them: said above it.
+const olderItem = (older) => older ? [el("li", {className: "older"}, "older messages: " +
+  (older.file ? "archive " + older.archive + " (" + older.file + ")" : "discarded"))] : [];
+
 async function loadChannels() {
   const {channels} = await api("channels", {limit: 200});
   fresh[channel] = 0;
@@ -9101,12 +9123,12 @@ async function loadChannels() {
          loadChannels();
        });
   $("#channel-title").textContent = "#" + channel;
-  const {messages} = await api("history", {channel, limit: 100});
-  fill("#channel-messages", messages.map((m) => messageItem(m, (target) => {
+  const {messages, older} = await api("history", {channel, limit: 100});
+  fill("#channel-messages", olderItem(older).concat(messages.map((m) => messageItem(m, (target) => {
     replyTo = target.id;
     $("#channel-replying").textContent = "replying to #" + target.id + " (" + target.sender + ")";
     $("#channel-text").focus();
-  })), "nothing posted in #" + channel + " yet: what is posted here appears here");
+  }))), "nothing posted in #" + channel + " yet: what is posted here appears here");
   $("#channel-replying").textContent = replyTo ? "replying to #" + replyTo : "";
 }
 
@@ -9123,8 +9145,8 @@ async function loadDirect() {
        });
   $("#dm-title").textContent = peer ? "conversation with " + peer : "my mailbox";
   $("#dm-form").hidden = !peer;
-  const {messages} = await api("history", {channel: where, limit: 100});
-  fill("#dm-messages", messages.map((m) => messageItem(m, null)), peer
+  const {messages, older} = await api("history", {channel: where, limit: 100});
+  fill("#dm-messages", olderItem(older).concat(messages.map((m) => messageItem(m, null))), peer
        ? "no messages between you and " + peer + " yet: write below, and what you two send " +
          "each other appears here"
        : "your mailbox is empty: direct mail to you appears here");

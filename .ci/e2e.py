@@ -204,6 +204,7 @@ def session(page, url, db, you, bot, problems):
 
     team(page, url, db, bot)
     plan(page, url, bot)
+    archived(page, db)
 
     page.click("nav button[data-tab=channels]")
     act(url, "post", {"body": "a very long line " + "x" * 600}, bot)
@@ -248,6 +249,33 @@ def team(page, url, db, bot):
     page.click(f"#team li[data-agent=bot] li[data-task='{design}'] button")
     card = page.wait_for_selector(f"#plan-card .task[data-id='{design}']")
     check("a held task in the team opens on the plan", "held by bot" in card.inner_text())
+
+
+def archived(page, db):
+    """A channel whose old messages a prune moved to an archive says where they went."""
+    sys.path.insert(0, ROOT)
+    import agora
+    bot, day = agora.Caller("bot", True), 86400
+    old = int(time.time()) - 40 * day
+    store = agora.Store(db)
+    try:
+        agora.call(store, "create_channel", {"name": "attic"}, bot, old)
+        for i in range(3):
+            agora.call(store, "post", {"body": f"old news {i}", "channel": "attic"}, bot, old + i)
+        agora.call(store, "post", {"body": "kept news", "channel": "attic"}, bot, old + 39 * day)
+        while agora.prune(store, 30 * day, int(time.time())):
+            pass
+    finally:
+        store.close()
+    month = agora.month_of(old)
+    page.click("nav button[data-tab=channels]")
+    page.click("#channel-list button:has-text('attic')")
+    older = page.wait_for_selector("#channel-messages li.older")
+    shown = page.inner_text("#channel-messages")
+    check("a channel says where its archived messages went, above what is kept",
+          older.inner_text() == f"older messages: archive {month} ({agora.archive_name(month)})"
+          and "kept news" in shown and "old news" not in shown, shown)
+    page.click("#channel-list button:has-text('public')")
 
 
 def plan(page, url, bot):

@@ -983,6 +983,45 @@ def killed_midway(work, db):
           again.stderr + checked.stderr)
 
 
+def posts_while_pruning(work, old=60000):
+    """A server with --keep 30 starting on a file with OLD messages past the keep (all read)
+    prunes them in turns while another agent posts: the posts keep their median, and their
+    worst is at most 50 ms more than without the prune (the same file, served plainly)."""
+    db = os.path.join(work, "backlog.db")
+    store = agora.Store(db)
+    now = int(time.time())
+    alice = agora.Caller("alice", True)
+    for start in range(0, old, 2000):
+        with store.transaction(write=True):
+            for i in range(start, start + 2000):
+                agora.call(store, "post", {"body": f"old {i} " + "words " * 20}, alice,
+                           now - 40 * DAY + i)
+    agora.call(store, "read", {"limit": 1}, alice, now - 40 * DAY + old)
+    with store.transaction(write=True) as con:      # alice has read them all
+        con.execute("UPDATE cursors SET last_id = (SELECT max(id) FROM messages)")
+    store.close()
+    token = mint_token(db, "poster")
+    plain, port = serve(db)
+    before = posts_meanwhile(port, token, 6)
+    stop_server(plain)
+    pruning, port = serve(db, "--keep", "30")
+    during = posts_meanwhile(port, token, 6)
+    log = stop_server(pruning)
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        left = con.execute("SELECT count(*) FROM messages WHERE ts < ?",
+                           (now - 30 * DAY,)).fetchone()[0]
+    archived = sum(sqlite3.connect(path).execute("SELECT count(*) FROM messages").fetchone()[0]
+                   for path in glob_archives(work))
+    check(f"posts while pruning: {archived:,} of {old:,} old messages archived meanwhile; "
+          f"{len(during)} posts in median {statistics.median(during):.1f} ms, worst "
+          f"{max(during):.0f} ms (without the prune: {statistics.median(before):.1f} ms, "
+          f"{max(before):.0f} ms)",
+          archived > 5000 and statistics.median(during) <= 1.5 * statistics.median(before) + 1
+          and max(during) <= max(before) + 50, left)
+    check("posts while pruning: no traceback in the server log", "Traceback" not in log,
+          log[-300:])
+
+
 def main():
     """Run every stress check; answer the exit status."""
     work = tempfile.mkdtemp(prefix="agora-stress-")
@@ -990,7 +1029,8 @@ def main():
     try:
         for run in (claim_races, inbox_drains, kill_nine, fuzz_http, slow_clients, crowds,
                     crowd_of_waiters, admission_flood, failing_log, herd, plan_flood,
-                    reserve_flood, receiver_down, notices_off_the_box, a_year):
+                    reserve_flood, receiver_down, notices_off_the_box, a_year,
+                    posts_while_pruning):
             run(work)
     finally:
         for process in STARTED:
