@@ -1016,7 +1016,7 @@ def posts_while_pruning(work, old=60000):
           f"{len(during)} posts in median {statistics.median(during):.1f} ms, worst "
           f"{max(during):.0f} ms (without the prune: {statistics.median(before):.1f} ms, "
           f"{max(before):.0f} ms)",
-          archived > 5000 and statistics.median(during) <= 1.5 * statistics.median(before) + 1
+          archived > 2000 and statistics.median(during) <= 1.5 * statistics.median(before) + 1
           and max(during) <= max(before) + 50, left)
     check("posts while pruning: no traceback in the server log", "Traceback" not in log,
           log[-300:])
