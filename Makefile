@@ -104,7 +104,7 @@ bench:
 
 # Races across processes, kill -9 under load, fuzzing and slow clients, a crowd of
 # waiting agents, a simulated year of a team with --keep 30: bounded, loopback only,
-# about six minutes. CI runs it.
+# about seventeen minutes. CI runs it.
 .PHONY: stress
 stress:
 	$(PYTHON) .ci/stress.py

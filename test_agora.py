@@ -3408,7 +3408,8 @@ class PruneCommandTest(unittest.TestCase):
         self.assertIn("is open in another process", busy.stderr)
         done = self.agora("compact")
         self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertRegex(done.stdout, r"^compacting .*: about \d+ s\ncompacted ")
+        self.assertRegex(done.stdout, r"^compacting .*: about \d+ s\ncompacted .*; from now on "
+                                      "a prune gives its space back\n$")
         with contextlib.closing(sqlite3.connect(self.db)) as con:
             self.assertEqual(con.execute("PRAGMA auto_vacuum").fetchone()[0], 2)
 

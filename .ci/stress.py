@@ -858,7 +858,7 @@ def receiver_down(work, minutes=10):
 DAY = 86400
 
 
-def a_year(work, days=365, per_day=(480, 40, 40)):
+def a_year(work, days=365, per_day=(4800, 400, 400)):
     """A team that runs for a year, the clock moved through now: each day ten agents post
     PER_DAY messages (a few direct), finish tasks and revise notes, each reading what came,
     and a prune keeps 30 days. The file stays under twice the size of its busiest 30 days
