@@ -918,13 +918,17 @@ def a_year(work, days=365, per_day=(4800, 400, 400)):
             timings[day] = statistics.median(took) * 1000
     sizes["after a year"] = size()
     archives = sorted(glob_archives(work))
-    archived = 0
+    counts = ("SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM tasks), "
+              "(SELECT count(*) FROM note_revisions)")
+    archived = [0, 0, 0]
     for path in archives:
         with contextlib.closing(sqlite3.connect(path)) as con:
-            archived += con.execute("SELECT count(*) FROM messages").fetchone()[0]
+            archived = [a + b for a, b in zip(archived, con.execute(counts).fetchone())]
     with store.autocommit() as con:
-        kept = con.execute("SELECT count(*) FROM messages").fetchone()[0]
-        made = con.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()[0]
+        kept = con.execute(counts).fetchone()
+        made = con.execute("SELECT (SELECT seq FROM sqlite_sequence WHERE name = 'messages'), "
+                           "(SELECT seq FROM sqlite_sequence WHERE name = 'tasks'), "
+                           "(SELECT sum(version) FROM notes)").fetchone()
     store.close()
     checked = [agora._check_file(path) for path in [db] + archives]
     check(f"a year: {posted:,} messages posted over {days} days with --keep 30; the file is "
@@ -934,9 +938,11 @@ def a_year(work, days=365, per_day=(4800, 400, 400)):
     first, last = timings[min(timings)], timings[max(timings)]
     check(f"a year: read and brief in median {first:.1f} ms in the second month, "
           f"{last:.1f} ms in the last (flat: under twice)", last < 2 * max(first, 1.0), timings)
-    check(f"a year: every message is in the file ({kept:,}) or an archive ({archived:,}, "
-          f"{len(archives)} monthly files): {made:,} made, the board's own included",
-          kept + archived == made, (kept, archived, made))
+    check(f"a year: every message, task and note revision is in the file ({kept[0]:,}, "
+          f"{kept[1]:,}, {kept[2]:,}) or an archive ({archived[0]:,}, {archived[1]:,}, "
+          f"{archived[2]:,}; {len(archives)} monthly files): {made[0]:,}, {made[1]:,} and "
+          f"{made[2]:,} made, the board's own messages included",
+          [k + a for k, a in zip(kept, archived)] == list(made), (kept, archived, made))
     check("a year: check is ok on the file and every archive",
           all(line.startswith("ok:") for line in checked), checked[:2])
     killed_midway(work, db)
