@@ -857,8 +857,10 @@ class Store:
         try:
             con.row_factory = sqlite3.Row
             # A new file gives the space a prune frees back (incremental_vacuum); it must be
-            # said before WAL writes the header. An existing file keeps its mode (compact).
-            con.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            # said before WAL writes the header. An existing file keeps its mode (compact):
+            # said to one, the pragma would cost its next transaction a write and a sync.
+            if con.execute("PRAGMA page_count").fetchone()[0] == 0:
+                con.execute("PRAGMA auto_vacuum = INCREMENTAL")
             con.execute("PRAGMA journal_mode = WAL")
             con.execute("PRAGMA synchronous = FULL")
         except sqlite3.DatabaseError as e:

@@ -285,6 +285,15 @@ class StoreFileTest(unittest.TestCase):
             self.assertEqual(db.execute("PRAGMA user_version").fetchone()[0],
                              agora.SCHEMA_VERSION)
 
+    def test_a_new_file_gives_space_back_and_opening_one_writes_nothing(self):
+        first = agora.Store(self.path)
+        self.addCleanup(first.close)
+        with first.autocommit() as db:
+            self.assertEqual(db.execute("PRAGMA auto_vacuum").fetchone()[0], 2)  # incremental
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        agora.Store(self.path).close()      # its first transaction, the migration's, is empty
+        self.assertEqual(os.path.getsize(self.path + "-wal"), 0)
+
     def test_newer_schema_is_refused(self):
         agora.Store(self.path).close()
         con = sqlite3.connect(self.path)
