@@ -740,26 +740,25 @@ def private_file(path):
 SQLITE_HEADER = b"SQLite format 3\x00"     # how every SQLite database file begins
 
 
-def unusable_path(path):
-    """Answer the refusal a path given for agora's file is told as before SQLite opens it,
-    or None: no folder to hold it, a folder, or a file that is not SQLite at all (a
-    mistyped --db README.md), each said as what it is rather than as damage."""
+def refuse_unusable(path):
+    """Refuse a path given for agora's file before SQLite opens it: no folder to hold it, a
+    folder, or a file that is not SQLite at all (a mistyped --db README.md), each said as
+    what it is rather than as damage."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        return NotFound(f"no folder {folder} for agora's file {path}",
-                        hint="make the folder, or name another file with --db PATH")
+        raise NotFound(f"no folder {folder} for agora's file {path}",
+                       hint="make the folder, or name another file with --db PATH")
     if os.path.isdir(path):
-        return BadRequest(f"{path} is a folder, not agora's file",
-                          hint=f"name a file in it: --db {os.path.join(path, 'agora.db')}")
+        raise BadRequest(f"{path} is a folder, not agora's file",
+                         hint=f"name a file in it: --db {os.path.join(path, 'agora.db')}")
     try:
         with open(path, "rb") as f:
             head = f.read(len(SQLITE_HEADER))
     except OSError:                     # none yet, or SQLite will say why not
-        return None
+        return
     if head and head != SQLITE_HEADER:
-        return BadRequest(f"{path} is not an agora file (it is not SQLite)",
-                          hint="--db names agora's file (by default ~/.agora/agora.db)")
-    return None
+        raise BadRequest(f"{path} is not an agora file (it is not SQLite)",
+                         hint="--db names agora's file (by default ~/.agora/agora.db)")
 
 
 def hash_token(token):
@@ -827,9 +826,7 @@ class Store:
         self.editing = EDITING      # seconds an edit is told to the next editor (serve --editing)
         self.archive = os.path.dirname(os.path.abspath(path))  # where a prune archives (None: not)
         self._closed = False
-        unusable = unusable_path(path)
-        if unusable is not None:
-            raise unusable
+        refuse_unusable(path)
         private_file(path)
         con = self.connect()
         try:
@@ -7726,9 +7723,7 @@ def _check_file(path, repair=False):
     version, what it holds; answer its "ok" line, or raise StoreError with SQLite's own
     words when it is damaged."""
     from urllib.parse import quote
-    unusable = unusable_path(path)
-    if unusable is not None:
-        raise unusable
+    refuse_unusable(path)
     for attempt in (1, 2):      # a read the disk failed once is not damage: read it again
         try:
             uri = f"file:{quote(os.path.abspath(path))}?mode=rw"
@@ -7818,9 +7813,7 @@ def _compact_command(options):
     space back to doing so (auto_vacuum INCREMENTAL): a VACUUM, which needs the file to
     itself. Refused while another process (a server) has it open."""
     path = _existing_file(options)
-    unusable = unusable_path(path)
-    if unusable is not None:
-        raise unusable
+    refuse_unusable(path)
     size = os.path.getsize(path)
     con = sqlite3.connect(path, timeout=0, isolation_level=None)
     try:
