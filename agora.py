@@ -435,11 +435,11 @@ CREATE TABLE edit_warnings (
     PRIMARY KEY (project, path, editor, earlier)
 ) WITHOUT ROWID;
 """,
-    # A team that runs for months: what a prune moved out of the file, per kind of row
-    # and scope (a message's channel, else ''), into which month's archive ('' when it
-    # was discarded on purpose), as the lowest and highest id (rowid) and a count; and
-    # what an agent away longer than the keep had not read when it went (missed, and
-    # the months of the archives it went to: missed_in), told at its next brief.
+    # A team that runs for months: which messages and tasks a prune moved out of the file,
+    # per kind and scope (a message's channel, else ''), into which month's archive ('' when
+    # they were discarded on purpose), as the lowest and highest id; and what an agent away
+    # longer than the keep had not read when it went (missed, and the months of the
+    # archives it went to: missed_in), told at its next brief.
     14: """
 CREATE TABLE archived (
     kind TEXT NOT NULL,
@@ -447,7 +447,6 @@ CREATE TABLE archived (
     month TEXT NOT NULL,
     low INTEGER NOT NULL,
     high INTEGER NOT NULL,
-    count INTEGER NOT NULL,
     PRIMARY KEY (kind, scope, month)
 ) WITHOUT ROWID;
 ALTER TABLE agents ADD COLUMN missed INTEGER NOT NULL DEFAULT 0;
@@ -5552,6 +5551,50 @@ def _found(db, where, room):
     return [entry for entry in found if entry[1]], missed
 
 
+def _months(found):
+    """Answer the months whose archives the rows FOUND go to, oldest first."""
+    return sorted({month_of(row[dated]) for _, rows, dated, _ in found for row in rows})
+
+
+def _archive_month(db, folder, month, found, also):
+    """Copy to MONTH's archive in FOLDER the rows FOUND of that month, what goes with them
+    (ALSO: {kind: [(table, column, rows)]}), and for messages their senders and channels;
+    return once that is on disk."""
+    groups = []
+    for kind, rows, dated, _ in found:
+        mine = [row for row in rows if month_of(row[dated]) == month]
+        if kind == "messages":
+            groups += [("agents", _rows_in(db, ARCHIVED_AGENT, [row["sender"] for row in mine])),
+                       ("channels", _rows_in(db, ARCHIVED_CHANNEL,
+                                             [row["channel"] for row in mine]))]
+        ids = {row["id"] for row in mine} if also[kind] else set()
+        groups += [(kind, mine)] + [(table, [row for row in rows if row[column] in ids])
+                                    for table, column, rows in also[kind]]
+    try:
+        _archive_rows(os.path.join(folder, archive_name(month)), groups)
+    except (OSError, sqlite3.Error) as error:
+        raise StoreError(f"cannot write {archive_name(month)}: "
+                         f"{getattr(error, 'strerror', None) or error}; nothing was pruned",
+                         hint="free some space, or name another folder with --archive DIR"
+                         ) from None
+
+
+def _record_archived(db, kind, rows, dated, archiving):
+    """Record which ids of KIND (ROWS, dated by DATED) went to which month's archive (''
+    when not ARCHIVING), per channel for messages: what `archived` answers from."""
+    spans = {}
+    for row in rows:
+        key = (row["channel"] if kind == "messages" else "",
+               month_of(row[dated]) if archiving else "")
+        low, high = spans.get(key, (row["id"], row["id"]))
+        spans[key] = (min(low, row["id"]), max(high, row["id"]))
+    db.executemany("INSERT INTO archived (kind, scope, month, low, high) VALUES (?, ?, ?, ?, ?) "
+                   "ON CONFLICT (kind, scope, month) DO UPDATE SET low = min(low, excluded.low), "
+                   "high = max(high, excluded.high)",
+                   [(kind, scope, month, low, high) for (scope, month), (low, high)
+                    in spans.items()])
+
+
 def prune(store, keep, now, room=PRUNE_BATCH):
     """Take one turn of pruning with a keep of KEEP seconds: up to ROOM rows that are
     older than the keep and that nobody still needs (_prunable_messages, PRUNED) leave
@@ -5563,73 +5606,38 @@ def prune(store, keep, now, room=PRUNE_BATCH):
     disk. So a crash anywhere leaves each row in the file, in an archive, or in both (the
     next prune copies it again, replacing the first copy), never in neither."""
     where = {"now": now, "since": now - keep, "cutoff": now - keep, "window": store.editing}
+    archiving = store.archive is not None
     with store.transaction() as db:     # a look first: nothing to do takes no write turn,
         found, _ = _found(db, where, room)      # and a month's new archive is made outside it
+    for month in _months(found) if archiving else ():
+        _make_archive(os.path.join(store.archive, archive_name(month)))
     if not found:
         return {}
-    for month in sorted({month_of(row[dated]) for _, rows, dated, _ in found for row in rows}
-                        if store.archive is not None else ()):
-        _make_archive(os.path.join(store.archive, archive_name(month)))
     with store.transaction(write=True) as db:
         found, missed = _found(db, where, room)
-        if not found:
-            return {}
-        messages = found[0][1] if found[0][0] == "messages" else []
-        with_them = {kind: [(table, _rows_in(db, f"SELECT * FROM {table} WHERE {column} IN "
-                                                 "({})", [row["id"] for row in rows]))
-                            for table, column in GOES_WITH.get(kind, ())]
-                     for kind, rows, _, _ in found}
-        months = sorted({month_of(row[dated]) for _, rows, dated, _ in found for row in rows})
-        for month in months if store.archive is not None else ():
-            groups = []
-            for kind, rows, dated, _ in found:
-                mine = [row for row in rows if month_of(row[dated]) == month]
-                ids = {row["id"] for row in mine} if kind in GOES_WITH else set()
-                groups.append((kind, mine))
-                groups += [(table, [row for row in also if row[column] in ids])
-                           for (table, also), (_, column) in zip(with_them.get(kind, ()),
-                                                                  GOES_WITH.get(kind, ()))]
-            if any(kind == "messages" for kind, _, _, _ in found):
-                sent = [row for row in messages if month_of(row["ts"]) == month]
-                groups = [("agents", _rows_in(db, ARCHIVED_AGENT, [row["sender"] for row in sent])),
-                          ("channels", _rows_in(db, ARCHIVED_CHANNEL,
-                                                [row["channel"] for row in sent]))] + groups
-            try:
-                _archive_rows(os.path.join(store.archive, archive_name(month)), groups)
-            except (OSError, sqlite3.Error) as error:
-                raise StoreError(f"cannot write {archive_name(month)}: "
-                                 f"{getattr(error, 'strerror', None) or error}; nothing was "
-                                 "pruned", hint="free some space, or name another folder "
-                                 "with --archive DIR") from None
-        removed = {}
+        also = {kind: [(table, column, _rows_in(db, f"SELECT * FROM {table} WHERE {column} "
+                                                    "IN ({})", [row["id"] for row in rows]))
+                       for table, column in GOES_WITH.get(kind, ())]
+                for kind, rows, _, _ in found}
+        for month in _months(found) if archiving else ():
+            _archive_month(db, store.archive, month, found, also)
         for kind, rows, dated, named in found:
-            for (table, _), (_, column) in zip(with_them.get(kind, ()), GOES_WITH.get(kind, ())):
+            for table, column, _ in also[kind]:
                 db.executemany(f"DELETE FROM {table} WHERE {column} = ?",
                                [(row["id"],) for row in rows])
             db.executemany(f"DELETE FROM {kind} WHERE " + " AND ".join(
                 f"{column} = ?" for column in named),
                 [tuple(row[column] for column in named) for row in rows])
-            removed[kind] = len(rows)
-            spans = {}
-            for row in rows:
-                scope = row["channel"] if kind == "messages" else ""
-                key = (scope, month_of(row[dated]) if store.archive is not None else "")
-                number = row["id"] if "id" in named else 0
-                low, high, count = spans.get(key, (number, number, 0))
-                spans[key] = (min(low, number), max(high, number), count + 1)
-            db.executemany("INSERT INTO archived (kind, scope, month, low, high, count) VALUES "
-                           "(?, ?, ?, ?, ?, ?) ON CONFLICT (kind, scope, month) DO UPDATE SET "
-                           "low = min(low, excluded.low), high = max(high, excluded.high), "
-                           "count = count + excluded.count",
-                           [(kind, scope, month, *span) for (scope, month), span in spans.items()])
+            if kind in ("messages", "tasks"):       # what `message`, `task` and after= ask
+                _record_archived(db, kind, rows, dated, archiving)
         for agent, (count, away) in missed.items():
             before = db.execute("SELECT missed_in FROM agents WHERE name = ?", (agent,)).fetchone()
-            kept = set(filter(None, (before[0] or "").split(","))) | (
-                away if store.archive is not None else set())
+            months = set(filter(None, (before[0] or "").split(","))) | (
+                away if archiving else set())
             db.execute("UPDATE agents SET missed = missed + ?, missed_in = ? WHERE name = ?",
-                       (count, ",".join(sorted(kept)), agent))
+                       (count, ",".join(sorted(months)), agent))
         give_back_space(db)
-    return removed
+    return {kind: len(rows) for kind, rows, _, _ in found}
 
 
 PRUNE_SHARE = 0.1           # of a server's time its pruning may take while it catches up
@@ -8539,8 +8547,12 @@ def _serve_command(options):
             except AgoraError as error:
                 raise UsageError(f"--a2a-guest: {error.message}") from None
         pruner = Pruner(store, options.keep * 86400) if options.keep else None
-        if pruner is not None:
-            pruner.thread.start()
+        try:
+            if pruner is not None:
+                pruner.thread.start()
+        except RuntimeError as error:       # no thread to be had: said, never half-served
+            raise StoreError(f"cannot start pruning ({error})",
+                             hint="serve without --keep, and prune from cron") from None
         try:
             return serve(store, host, port, allow_hosts=options.allow_host,
                          quiet=options.quiet, public_url=options.public_url,

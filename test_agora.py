@@ -3312,6 +3312,16 @@ class PruneTest(StoreCase):
         self.assertEqual(self.refused(404, "message", now=T0 + 40 * DAY, id=999),
                          "no message #999")
 
+    def test_what_turns_of_one_month_archived_is_all_told_archived(self):
+        ids = [self.ok("post", body=f"old {i}", now=T0 + i)["id"] for i in range(3)]
+        self.ok("post", body="kept", now=T0 + 40 * DAY)
+        for _ in ids:                           # a turn for each message, one month
+            self.assertEqual(agora.prune(self.store, self.KEEP, T0 + 40 * DAY, room=1),
+                             {"messages": 1})
+        for message in ids:
+            self.assertIn("is archived", self.refused(404, "message", id=message,
+                                                      now=T0 + 40 * DAY))
+
     def test_another_mailbox_archived_says_nothing_of_it(self):
         self.ok("brief", who="bob")
         secret = self.ok("post", body="for bob only", to="bob", now=T0)["id"]
@@ -3393,6 +3403,29 @@ class PruneCommandTest(unittest.TestCase):
         self.assertEqual(read.stdout.count("\n"), 5)
         again = self.agora("prune", "--keep", "30")
         self.assertTrue(again.stdout.startswith("pruned nothing older than 30 days;"), again.stdout)
+
+    def test_archive_none_discards_and_the_history_says_so(self):
+        self.old_file()
+        done = self.agora("prune", "--keep", "30", "--archive", "none")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertTrue(done.stdout.startswith("pruned 5 messages older than 30 days, discarded;"),
+                        done.stdout)
+        self.assertEqual(glob.glob(os.path.join(self.dir, "agora-archive-*")), [])
+        history = self.agora("history", "channel=public", "--as", "alice")
+        self.assertEqual(history.stdout, "(older messages: discarded (the server keeps no "
+                                         "archive))\n")
+
+    def test_serve_keep_without_a_thread_to_prune_with_says_so(self):
+        self.old_file()
+        err = io.StringIO()
+        with unittest.mock.patch.object(threading.Thread, "start",
+                                        side_effect=RuntimeError("can't start new thread")), \
+                contextlib.redirect_stderr(err):
+            status = agora.main(["serve", "--addr", "127.0.0.1:0", "--keep", "30",
+                                 "--db", self.db])
+        self.assertEqual(status, 1)
+        self.assertEqual(err.getvalue(), "agora: cannot start pruning (can't start new thread) "
+                                         "— serve without --keep, and prune from cron\n")
 
     def test_prune_refuses_a_keep_under_a_day_and_a_missing_archive_folder(self):
         self.old_file()
